@@ -1,0 +1,248 @@
+"""The config schema and loader behind ``jaxcomposer.fit(config)`` and ``jaxcomposer fit CONFIG``.
+
+A config is a YAML path, a mapping, or a :class:`Config`. Validation reports *every* bad key and value at once, each
+with its dotted path and, for misspelt names, a "did you mean"; it runs before any compile and before any file is
+written. Components (optimizer, schedulers, algorithms, callbacks) are validated by building them, which is cheap and
+checks exactly what the real run would check (time strings, ranges, argument names).
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Mapping
+
+import optax
+import pydantic
+import yaml
+
+from jaxcomposer import algorithms as algorithms_lib
+from jaxcomposer import callbacks as callbacks_lib
+from jaxcomposer import optim
+from jaxcomposer.core.time import Time
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config, one per line: ``dotted.path: message``."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        lines = "\n".join(f"  {loc or '<root>'}: {msg}" for loc, msg in problems)
+        super().__init__(f"{len(problems)} problem(s) in the config:\n{lines}")
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def _optax_optimizer(fn: Callable) -> Callable:
+    def build(learning_rate: float, **kwargs):
+        if learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        return fn(learning_rate, **kwargs)
+    build.__signature__ = inspect.signature(fn)
+    return build
+
+
+OPTIMIZERS: dict[str, Callable] = {
+    "decoupled_sgdw": optim.DecoupledSGDW, "decoupled_adamw": optim.DecoupledAdamW,
+    "sgd": _optax_optimizer(optax.sgd), "adam": _optax_optimizer(optax.adam),
+    "adamw": _optax_optimizer(optax.adamw), "lamb": _optax_optimizer(optax.lamb),
+}
+SCHEDULERS: dict[str, Callable] = {snake(n).replace("_scheduler", ""): getattr(optim, n)
+                                   for n in dir(optim) if n.endswith("Scheduler")}
+ALGORITHMS: dict[str, Callable] = {snake(n): getattr(algorithms_lib, n) for n in algorithms_lib.__all__}
+CALLBACKS: dict[str, Callable] = {snake(n): getattr(callbacks_lib, n) for n in callbacks_lib.__all__}
+MODELS = ("mlp", "resnet_cifar", "gpt")
+DATASETS = ("fashion_mnist", "digits", "stdlib_text")
+
+
+def _time(value: Any) -> str | int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"expected a time string such as '10ep' or '500ba', got {value!r}")
+    if isinstance(value, int):
+        return value
+    Time.from_timestring(str(value))  # raises ValueError/TypeError with Composer's rules
+    return str(value)
+
+
+TimeField = Annotated[Any, pydantic.BeforeValidator(_time)]
+_Strict = pydantic.ConfigDict(extra="forbid")
+
+
+class DataConfig(pydantic.BaseModel):
+    model_config = _Strict
+    name: Literal["fashion_mnist", "digits", "stdlib_text"] = "fashion_mnist"
+    batch_size: pydantic.PositiveInt = 128
+    eval_batch_size: pydantic.PositiveInt = 1000
+    data_dir: str | None = None
+    seq_len: pydantic.PositiveInt = 128
+    max_bytes: pydantic.PositiveInt | None = None
+
+
+class Config(pydantic.BaseModel):
+    """The whole run. Field names follow Composer's Trainer arguments."""
+
+    model_config = _Strict
+    run_name: str | None = None
+    run_dir: str = "runs"
+    seed: int = 17
+    max_duration: TimeField = None
+    precision: Literal["fp32", "amp_bf16"] = "fp32"
+    device_train_microbatch_size: pydantic.PositiveInt | None = None
+    eval_interval: TimeField = 1
+    scale_schedule_ratio: pydantic.PositiveFloat = 1.0
+    train_subset_num_batches: int = -1
+    eval_subset_num_batches: int = -1
+    progress_bar: bool = True
+    log_to_console: bool = True
+    model: dict[str, Any] = {"name": "resnet_cifar"}
+    data: DataConfig = DataConfig()
+    optimizer: dict[str, Any] = {"name": "decoupled_sgdw", "lr": 0.1}
+    schedulers: list[dict[str, Any]] = []
+    algorithms: dict[str, dict[str, Any] | None] = {}
+    callbacks: dict[str, dict[str, Any] | None] = {}
+
+
+def load_config(config: Any, overrides: list[str] | None = None) -> Config:
+    """Normalize a path / mapping / Config, apply ``a.b=c`` overrides (values parsed as YAML), validate all of it."""
+    if isinstance(config, Config):
+        raw = config.model_dump()
+    elif isinstance(config, (str, Path)):
+        path = Path(config)
+        if not path.is_file():
+            raise ConfigError([("config", f"file {str(path)!r} does not exist")])
+        raw = yaml.safe_load(path.read_text()) or {}
+    elif isinstance(config, Mapping):
+        raw = dict(config)
+    else:
+        raise ConfigError([("config", f"expected a YAML path, a mapping or a jaxcomposer.Config, got "
+                                      f"{type(config).__name__}")])
+    raw = _deep_copy(raw)
+    problems: list[tuple[str, str]] = []
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            problems.append(("--set", f"{item!r} is not of the form key.path=value"))
+            continue
+        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+    cfg = None
+    try:
+        cfg = Config.model_validate(raw)
+    except pydantic.ValidationError as e:
+        problems += [_describe(err, raw) for err in e.errors()]
+    if isinstance(raw, Mapping):
+        problems += _check_components(raw)
+    if raw.get("max_duration") is None and not any(loc == "max_duration" for loc, _ in problems):
+        problems.append(("max_duration", "required: how long to train, e.g. '10ep' or '500ba'"))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _describe(err: dict, raw: Mapping) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent_fields = _fields_at(err["loc"][:-1])
+        hint = _did_you_mean(str(err["loc"][-1]), parent_fields)
+        return loc, f"unknown key{hint}"
+    value = err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")
+    return loc, f"{msg} (got {value!r})" if not isinstance(value, (dict, list)) else msg
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    model = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, pydantic.BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_components(raw: Mapping) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    opt = raw.get("optimizer")
+    if isinstance(opt, Mapping):
+        problems += _check_one("optimizer", opt, OPTIMIZERS)
+    for i, s in enumerate(raw.get("schedulers") or []):
+        if isinstance(s, Mapping):
+            problems += _check_one(f"schedulers.{i}", s, SCHEDULERS)
+    for group, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS)):
+        entries = raw.get(group) or {}
+        if isinstance(entries, Mapping):
+            for name, kwargs in entries.items():
+                problems += _check_one(f"{group}.{name}", {"name": name, **(kwargs or {})}, registry, named=True)
+    model = raw.get("model")
+    if isinstance(model, Mapping):
+        name = model.get("name")
+        if name not in MODELS:
+            problems.append(("model.name", f"got {name!r}, expected one of {list(MODELS)}{_did_you_mean(str(name), MODELS)}"))
+        else:
+            from jaxcomposer.fit import model_builder  # the builder's signature is the schema
+            problems += _check_kwargs("model", model_builder(name), {k: v for k, v in model.items() if k != "name"},
+                                      build=False)
+    return problems
+
+
+def _check_one(loc: str, spec: Mapping, registry: Mapping[str, Callable], named: bool = False):
+    name = spec.get("name")
+    key = snake(str(name)) if name is not None else None
+    if key not in registry:
+        where = loc if named else f"{loc}.name"
+        return [(where, f"unknown name {name!r}{_did_you_mean(str(key), registry)}; "
+                        f"known: {', '.join(sorted(registry))}")]
+    return _check_kwargs(loc, registry[key], {k: v for k, v in spec.items() if k != "name"})
+
+
+def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -> list[tuple[str, str]]:
+    params = inspect.signature(fn).parameters
+    accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in names and not accepts_any]
+    problems = [(f"{loc}.{k}", f"unknown argument{_did_you_mean(k, names)}; accepted: {', '.join(names)}")
+                for k in unknown]
+    if not problems and build:
+        try:
+            fn(**kwargs)
+        except (TypeError, ValueError) as e:
+            problems.append((loc, str(e)))
+    return problems
+
+
+def build_component(spec: Mapping, registry: Mapping[str, Callable]):
+    spec = dict(spec)
+    return registry[snake(str(spec.pop("name")))](**spec)
+
+
+def _deep_copy(x):
+    if isinstance(x, Mapping):
+        return {k: _deep_copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_deep_copy(v) for v in x]
+    return x
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        if isinstance(d, list) and p.isdigit():
+            d = d[int(p)]
+            continue
+        d = d.setdefault(p, {})
+        if d is None:
+            d = {}
+    if isinstance(d, list) and parts[-1].isdigit():
+        d[int(parts[-1])] = value
+    else:
+        d[parts[-1]] = value

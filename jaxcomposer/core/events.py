@@ -1,0 +1,78 @@
+"""Host events, the ``Callback`` protocol and ``RunState``, the view of a run that callbacks and loggers get.
+
+In-step events (Composer's BEFORE_FORWARD ... AFTER_BACKWARD) do not exist here: they are slots of ``Method``
+composed inside the jitted step. What remains are events between steps, fired on the host in Composer's order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from jaxcomposer.core.time import Time, Timestamp
+
+
+class Event(enum.Enum):
+    INIT = "init"
+    FIT_START = "fit_start"
+    EPOCH_START = "epoch_start"
+    BATCH_START = "batch_start"
+    BATCH_END = "batch_end"
+    EPOCH_END = "epoch_end"
+    FIT_END = "fit_end"
+    EVAL_START = "eval_start"
+    EVAL_BATCH_END = "eval_batch_end"
+    EVAL_END = "eval_end"
+    PREDICT_START = "predict_start"
+    PREDICT_BATCH_END = "predict_batch_end"
+    PREDICT_END = "predict_end"
+
+    @property
+    def is_eval(self) -> bool:
+        return self.value.startswith("eval")
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a host callback sees. The trainer owns and advances it; callbacks read it and may ask to stop.
+
+    ``train_state`` is the live device pytree (read it, do not keep references across steps: its buffers are
+    donated to the next step). ``batch_metrics`` holds this batch's step outputs (device scalars; ``float()``
+    them only when needed, since that waits for the step). ``eval_metrics[label]`` holds the latest evaluation.
+    """
+
+    run_name: str
+    run_dir: Any
+    max_duration: Time
+    timestamp: Timestamp
+    train_state: Any = None
+    batch_metrics: dict = dataclasses.field(default_factory=dict)
+    eval_metrics: dict = dataclasses.field(default_factory=dict)
+    batch_size: int = 0
+    learning_rate: Any = None
+    total_steps: int = 0
+    steps_per_epoch: int | None = None
+    stop_requested: bool = False
+    stop_reason: str = ""
+
+    def stop_training(self, reason: str = "") -> None:
+        self.stop_requested = True
+        self.stop_reason = reason or self.stop_reason
+
+    def elapsed_fraction(self) -> float:
+        return min(1.0, self.timestamp.get(self.max_duration.unit).value / max(self.max_duration.value, 1e-12))
+
+
+class Callback:
+    """Composer's callback protocol: one method per event, named like the event (``batch_end(state, logger)``).
+
+    Override the events you need; ``run_event`` dispatches. ``close()`` runs once when the trainer closes.
+    """
+
+    def run_event(self, event: Event, state: RunState, logger: Any) -> None:
+        handler = getattr(self, event.value, None)
+        if handler is not None:
+            handler(state, logger)
+
+    def close(self, state: RunState, logger: Any) -> None:
+        pass

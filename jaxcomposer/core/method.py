@@ -1,0 +1,183 @@
+"""``Method``: a speedup method as a bundle of optional pure pieces, and ``compose``, its ``optax.chain``.
+
+Composer's in-step events mutate eager tensors. Our step is one traced pure function, so each in-step event
+becomes a fixed *slot* where pure functions are composed at trace time (DESIGN §2):
+
+======== ============================================== ====================================================
+slot      signature                                      examples
+======== ============================================== ====================================================
+model     task -> task (host, once, before ``tx.init``)  BlurPool, SqueezeExcite
+batch     (batch, ctx) -> batch (in jit)                 MixUp, CutOut
+loss      loss_fn -> loss_fn (trace time)                LabelSmoothing, MixUp target interpolation
+grad      grad_fn -> grad_fn (trace time)                SAM, SelectiveBackprop
+tx        optax tx -> optax tx (trace time)              GradientClipping
+post_step ``PostStep(init, update)`` on extra state      EMA, SWA
+eval      (extra, params, state) -> (params, state)      EMA: evaluate with the averaged weights
+stage     (step, total_steps) -> hashable (host)         static shapes: one compile per stage
+host      (event, run_state) -> None (host)              anything that must touch Python between steps
+======== ============================================== ====================================================
+
+``loss_fn(outputs, batch) -> (B,)`` per-example losses. ``grad_fn(params, model_state, batch, key) ->
+((mean_loss, new_model_state), grads)``; grad wrappers see the whole (accumulated) batch. Wrappers nest so the first-listed method is outermost, which gives
+Composer's first-in-last-out order (``BEFORE_LOSS`` A,B then ``AFTER_LOSS`` B,A) for free.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
+
+import jax
+import optax
+
+
+class StepCtx(NamedTuple):
+    """What in-jit slots know about the current step.
+
+    ``step`` and ``progress`` are traced scalars (number of optimizer steps taken before this one, and that number
+    over ``total_steps``); ``key`` is this method's own key for this step; ``stage``, ``total_steps`` and
+    ``steps_per_epoch`` are static Python values.
+    """
+
+    step: jax.Array
+    progress: jax.Array
+    key: jax.Array
+    stage: Hashable = None
+    total_steps: int = 1
+    steps_per_epoch: int | None = None
+
+
+class PostStep(NamedTuple):
+    """Extra state kept beside the params (EMA weights, SWA averages, ...).
+
+    ``init(params, model_state) -> extra``; ``update(extra, params, model_state, ctx) -> extra`` runs in jit after
+    the optimizer update, with the new params.
+    """
+
+    init: Callable[[Any, Any], Any]
+    update: Callable[[Any, Any, Any, StepCtx], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A speedup method: a name and any subset of the slots described in this module's docstring.
+
+    ``interpolates_targets`` marks methods that rewrite targets by mixing examples (MixUp, CutMix); two such
+    methods in one recipe are a conflict.
+    """
+
+    name: str
+    model: Callable[[Any], Any] | None = None
+    batch: Callable[[dict, StepCtx], dict] | None = None
+    loss: Callable[[Callable], Callable] | None = None
+    grad: Callable[[Callable], Callable] | None = None
+    tx: Callable[[optax.GradientTransformation], optax.GradientTransformation] | None = None
+    post_step: PostStep | None = None
+    eval: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+    stage: Callable[[int, int], Hashable] | None = None
+    host: Callable[[Any, Any], None] | None = None
+    interpolates_targets: bool = False
+    description: str = ""
+
+
+class MethodConflictError(ValueError):
+    pass
+
+
+def method_key(base_key: jax.Array, step: jax.Array, name: str) -> jax.Array:
+    """The key a method gets at a step: a pure function of (seed, step, name), so a resumed run draws the same."""
+    return jax.random.fold_in(jax.random.fold_in(base_key, step), _name_hash(name))
+
+
+def _name_hash(name: str) -> int:
+    # A stable (not Python's salted hash) 31-bit number per name.
+    h = 0
+    for ch in name.encode():
+        h = (h * 131 + ch) % (2**31 - 1)
+    return h
+
+
+@dataclasses.dataclass(frozen=True)
+class Composed:
+    """The methods of a recipe folded into the slots the train step uses."""
+
+    methods: tuple[Method, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.methods)
+
+    def apply_model(self, task):
+        for m in self.methods:
+            if m.model is not None:
+                task = m.model(task)
+        return task
+
+    def apply_batch(self, batch: dict, ctx: StepCtx, base_key: jax.Array) -> dict:
+        for m in self.methods:
+            if m.batch is not None:
+                batch = m.batch(batch, ctx._replace(key=method_key(base_key, ctx.step, m.name)))
+        return batch
+
+    def wrap_loss(self, loss_fn: Callable) -> Callable:
+        for m in reversed(self.methods):
+            if m.loss is not None:
+                loss_fn = m.loss(loss_fn)
+        return loss_fn
+
+    def wrap_grad(self, grad_fn: Callable) -> Callable:
+        for m in reversed(self.methods):
+            if m.grad is not None:
+                grad_fn = m.grad(grad_fn)
+        return grad_fn
+
+    def wrap_tx(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+        for m in reversed(self.methods):
+            if m.tx is not None:
+                tx = m.tx(tx)
+        return tx
+
+    def init_extras(self, params, model_state) -> dict:
+        return {m.name: m.post_step.init(params, model_state) for m in self.methods if m.post_step is not None}
+
+    def update_extras(self, extras: dict, params, model_state, ctx: StepCtx, base_key: jax.Array) -> dict:
+        new = dict(extras)
+        for m in self.methods:
+            if m.post_step is not None:
+                mctx = ctx._replace(key=method_key(base_key, ctx.step, m.name))
+                new[m.name] = m.post_step.update(extras[m.name], params, model_state, mctx)
+        return new
+
+    def eval_weights(self, extras: dict, params, model_state):
+        """Weights evaluation should use: the last method with an ``eval`` slot wins (EMA, SWA)."""
+        for m in self.methods:
+            if m.eval is not None:
+                params, model_state = m.eval(extras[m.name], params, model_state)
+        return params, model_state
+
+    def stage(self, step: int, total_steps: int) -> Hashable:
+        parts = tuple((m.name, m.stage(step, total_steps)) for m in self.methods if m.stage is not None)
+        return parts or None
+
+    def run_host(self, event, run_state) -> None:
+        for m in self.methods:
+            if m.host is not None:
+                m.host(event, run_state)
+
+
+def compose(methods: Sequence[Method] | None) -> Composed:
+    """Fold a recipe into slots, like ``optax.chain``; raise on known conflicts before anything is compiled."""
+    methods = tuple(methods or ())
+    for m in methods:
+        if not isinstance(m, Method):
+            raise TypeError(f"algorithms: expected jaxcomposer Method objects, got {type(m).__name__} ({m!r}). "
+                            "Build them with jaxcomposer.algorithms, e.g. algorithms.MixUp(alpha=0.2).")
+    names = [m.name for m in methods]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise MethodConflictError(f"algorithms: {dupes} listed more than once; each method may appear once.")
+    mixers = [m.name for m in methods if m.interpolates_targets]
+    if len(mixers) > 1:
+        raise MethodConflictError(
+            f"algorithms: {mixers} both interpolate targets between examples; their target mixing would compound. "
+            "Keep one of them (Composer warns about the same conflict).")
+    return Composed(methods)

@@ -1,0 +1,127 @@
+"""The pure model protocol the trainer sees, and the task wrappers' base.
+
+A *pure model* is three things: trainable ``params``, non-trainable ``state`` (BatchNorm statistics, ...) and
+``apply(params, state, inputs, *, train, key) -> (outputs, new_state)``. Native Flax NNX modules become pure models
+through :func:`from_nnx`; bridged torch models (``torch_bridge``) produce the same three things.
+
+A *task* (Composer's ``ComposerModel``) adds what training needs on top: which batch entry is the input, a
+per-example loss and per-example metrics. Per-example (shape ``(B,)``) rather than scalar, because then
+microbatching, masking padded eval examples and MixUp's ``interpolate_loss`` are all plain weighted sums.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Batch = Mapping[str, Any]
+ApplyFn = Callable[..., tuple[Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PureModel:
+    """``apply(params, state, inputs, *, train, key) -> (outputs, new_state)`` plus the initial trees."""
+
+    apply: ApplyFn
+    params: Any
+    state: Any
+
+
+def from_nnx(module: nnx.Module) -> PureModel:
+    """Split an NNX module into a pure model.
+
+    The module's ``__call__`` must accept ``(inputs, *, train: bool, key: jax.Array | None)``: ``train`` switches
+    dropout and BatchNorm, ``key`` feeds every random op, so the pure function owns all of its randomness.
+    """
+    graphdef, params, state = nnx.split(module, nnx.Param, ...)
+
+    def apply(params, state, inputs, *, train: bool, key=None):
+        # copy=True: fresh Variables at the current trace level, so BatchNorm may update them under jax.grad
+        live = nnx.merge(graphdef, params, state, copy=True)
+        outputs = live(inputs, train=train, key=key)
+        _, _, new_state = nnx.split(live, nnx.Param, ...)
+        return outputs, new_state
+
+    return PureModel(apply=apply, params=params, state=state)
+
+
+def to_pure_model(model: Any) -> PureModel:
+    if isinstance(model, PureModel):
+        return model
+    if isinstance(model, nnx.Module):
+        return from_nnx(model)
+    raise TypeError(
+        f"model: expected a flax.nnx.Module or a jaxcomposer PureModel, got {type(model).__name__}. "
+        "Wrap a torch.nn.Module with torch_bridge.from_torch first.")
+
+
+class Task:
+    """Base of the task wrappers (Composer's ``ComposerModel``).
+
+    Subclasses set ``input_key`` and implement ``loss`` and ``metrics``; both return one value per example.
+    ``eval_metric_names`` lists what ``metrics`` returns; ``finalize`` turns means into reported values
+    (perplexity from mean cross-entropy, ...).
+    """
+
+    input_key: str = "input"
+    target_key: str = "target"
+    num_classes: int | None = None
+
+    def __init__(self, model: Any):
+        self.pure = to_pure_model(model)
+
+    @property
+    def params(self):
+        return self.pure.params
+
+    @property
+    def state(self):
+        return self.pure.state
+
+    def with_model(self, model: Any) -> "Task":
+        """A copy of this task around another model (surgery returns new objects, it never edits in place)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.pure = to_pure_model(model)
+        return new
+
+    def forward(self, params, state, batch: Batch, *, train: bool, key=None):
+        return self.pure.apply(params, state, batch[self.input_key], train=train, key=key)
+
+    def loss(self, outputs, batch: Batch) -> jax.Array:  # (B,)
+        raise NotImplementedError
+
+    def metrics(self, outputs, batch: Batch) -> dict[str, jax.Array]:  # name -> (B,)
+        raise NotImplementedError
+
+    def finalize(self, means: Mapping[str, float]) -> dict[str, float]:
+        return dict(means)
+
+    def num_samples(self, batch: Batch) -> int:
+        return int(jax.tree_util.tree_leaves(batch[self.input_key])[0].shape[0])
+
+    def num_tokens(self, batch: Batch) -> int:
+        return 0
+
+
+def soft_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
+    """Per-example cross-entropy with integer class targets ``(B,)`` or dense (soft) targets ``(B, C)``.
+
+    Composer's ``soft_cross_entropy`` without the reduction: index targets give ``F.cross_entropy``, dense
+    targets give ``-(t * log_softmax(x)).sum(-1)``.
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    if jnp.issubdtype(target.dtype, jnp.integer):
+        return -jnp.take_along_axis(logp, target[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return -(target.astype(jnp.float32) * logp).sum(-1)
+
+
+def ensure_targets_one_hot(logits: jax.Array, target: jax.Array, num_classes: int | None = None) -> jax.Array:
+    """Composer's ``ensure_targets_one_hot``: integer targets become float one-hot over the last logit axis."""
+    if jnp.issubdtype(target.dtype, jnp.integer):
+        n = num_classes if num_classes is not None else logits.shape[-1]
+        return jax.nn.one_hot(target, n, dtype=jnp.float32)
+    return target.astype(jnp.float32)

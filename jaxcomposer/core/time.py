@@ -1,0 +1,458 @@
+"""Composer's notion of time: units, ``Time`` quantities, the ``Timestamp`` of a run, and batch conversion.
+
+Composer lets every duration (``max_duration``, scheduler milestones, eval/save intervals) be written in the unit
+that is natural for it ('90ep', '500ba', '0.5dur', '1h20m40s'). The semantics below follow
+``composer/core/time.py`` so that configs written for Composer mean the same thing here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import re
+from enum import Enum
+from typing import Any, Union
+
+__all__ = ["TimeUnit", "Time", "Timestamp", "to_batches"]
+
+
+class TimeUnit(str, Enum):
+    """Units of training time. ``str`` subclass so that ``TimeUnit('ep') == 'ep'`` as in Composer."""
+
+    ITERATION = "iter"
+    EPOCH = "ep"
+    BATCH = "ba"
+    SAMPLE = "sp"
+    TOKEN = "tok"
+    DURATION = "dur"
+    SECOND = "sec"
+
+
+_VALID_UNITS = ", ".join(f"'{u.value}'" for u in TimeUnit)
+_EXAMPLES = "'10ep', '500ba', '0.5dur', '3e4tok' or '1h20m40s'"
+# Longest units first so that 'sec' is not read as 's' and 'sp' is not cut short.
+_UNIT_PATTERN = "|".join(sorted((re.escape(u.value) for u in TimeUnit), key=len, reverse=True))
+_NUMBER = r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+_TIME_RE = re.compile(rf"^({_NUMBER})({_UNIT_PATTERN})$", re.IGNORECASE)
+_WALL_CLOCK_RE = re.compile(r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$", re.IGNORECASE)
+
+
+def _coerce_value(value: Any, unit: TimeUnit) -> Union[int, float]:
+    """Durations are fractions (float); every other unit counts whole things, so its value must be integral."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Time value must be an int or float, got {value!r} of type {type(value).__name__}.")
+    if unit == TimeUnit.DURATION:
+        return float(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise TypeError(
+                f"Time value {value!r} with unit '{unit.value}' must be an integer; only 'dur' allows fractions "
+                f"(e.g. '0.5dur')."
+            )
+        return int(value)
+    return int(value)
+
+
+class Time:
+    """An immutable quantity of training time, ``value`` counted in ``unit``.
+
+    Arithmetic mirrors Composer: ``+``, ``-``, ``%`` and comparisons need the same unit (plain numbers are taken
+    in this unit); ``*`` takes a number or a ``dur`` Time; ``Time / Time`` gives a ``dur``.
+    """
+
+    __slots__ = ("_value", "_unit")
+
+    def __init__(self, value: Union[int, float], unit: Union[TimeUnit, str]):
+        try:
+            unit = TimeUnit(unit)
+        except ValueError:
+            raise ValueError(f"Unknown time unit {unit!r}; valid units are {_VALID_UNITS}.") from None
+        object.__setattr__(self, "_unit", unit)
+        object.__setattr__(self, "_value", _coerce_value(value, unit))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Time is immutable; cannot set {name!r}. Build a new Time instead.")
+
+    @property
+    def value(self) -> Union[int, float]:
+        return self._value
+
+    @property
+    def unit(self) -> TimeUnit:
+        return self._unit
+
+    # ----- constructors -------------------------------------------------------------------------------------
+    @classmethod
+    def from_iteration(cls, iteration: int) -> "Time":
+        return cls(iteration, TimeUnit.ITERATION)
+
+    @classmethod
+    def from_epoch(cls, epoch: int) -> "Time":
+        return cls(epoch, TimeUnit.EPOCH)
+
+    @classmethod
+    def from_batch(cls, batch: int) -> "Time":
+        return cls(batch, TimeUnit.BATCH)
+
+    @classmethod
+    def from_sample(cls, sample: int) -> "Time":
+        return cls(sample, TimeUnit.SAMPLE)
+
+    @classmethod
+    def from_token(cls, token: int) -> "Time":
+        return cls(token, TimeUnit.TOKEN)
+
+    @classmethod
+    def from_duration(cls, duration: float) -> "Time":
+        return cls(duration, TimeUnit.DURATION)
+
+    @classmethod
+    def from_second(cls, second: int) -> "Time":
+        return cls(second, TimeUnit.SECOND)
+
+    @classmethod
+    def from_timestring(cls, timestring: str) -> "Time":
+        """Parse '10ep', '500ba', '0.5dur', '3_0e10sp' (underscores, scientific notation) or '1h20m40s'."""
+        if not isinstance(timestring, str):
+            raise TypeError(f"timestring must be a str, got {timestring!r} of type {type(timestring).__name__}.")
+        text = timestring.strip().replace("_", "")
+        match = _TIME_RE.match(text)
+        if match is not None:
+            number, unit = match.groups()
+            unit = TimeUnit(unit.lower())
+            # int() first keeps big integer counts exact; float only when a fraction or exponent is written.
+            value = int(number) if re.fullmatch(r"-?[0-9]+", number) else float(number)
+            return cls(value, unit)
+        wall = _WALL_CLOCK_RE.match(text)
+        if text and wall is not None and any(wall.groups()):
+            hours, minutes, seconds = (int(g) if g else 0 for g in wall.groups())
+            return cls(hours * 3600 + minutes * 60 + seconds, TimeUnit.SECOND)
+        raise ValueError(
+            f"Cannot parse time string {timestring!r}: expected a number followed by one of the units "
+            f"{_VALID_UNITS} (e.g. {_EXAMPLES})."
+        )
+
+    @classmethod
+    def from_input(
+        cls, i: Union[str, int, float, "Time"], default_int_unit: Union[TimeUnit, str, None] = None
+    ) -> "Time":
+        """Accept what users write: a Time, a time string, or a bare number in ``default_int_unit``."""
+        if isinstance(i, Time):
+            return i
+        if isinstance(i, str):
+            return cls.from_timestring(i)
+        if isinstance(i, (int, float)) and not isinstance(i, bool):
+            if default_int_unit is None:
+                raise ValueError(
+                    f"Got the bare number {i!r} as a time but no default_int_unit to interpret it; "
+                    f"pass a time string such as {_EXAMPLES}."
+                )
+            return cls(i, default_int_unit)
+        raise TypeError(f"Cannot convert {i!r} of type {type(i).__name__} to Time; expected Time, str or int.")
+
+    def to_timestring(self) -> str:
+        return f"{self.value}{self.unit.value}"
+
+    # ----- helpers ------------------------------------------------------------------------------------------
+    def _parse(self, other: Any, op: str) -> "Time":
+        """Bring ``other`` into a Time of this unit, or raise: mixing units silently is the bug this prevents."""
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return Time(other, self.unit)
+        if isinstance(other, str):
+            other = Time.from_timestring(other)
+        if not isinstance(other, Time):
+            raise TypeError(f"Cannot apply '{op}' to {self!r} and {other!r} of type {type(other).__name__}.")
+        if other.unit != self.unit:
+            raise RuntimeError(
+                f"Cannot apply '{op}' to {self!r} and {other!r}: the units differ ('{self.unit.value}' vs "
+                f"'{other.unit.value}'). Convert one of them first."
+            )
+        return other
+
+    def _compare_value(self, other: Any, op: str) -> Union[int, float]:
+        # Plain numbers compare directly: building a Time would reject 2.5 for integer units.
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return other
+        return self._parse(other, op).value
+
+    # ----- arithmetic ---------------------------------------------------------------------------------------
+    def __add__(self, other):
+        return Time(self.value + self._parse(other, "+").value, self.unit)
+
+    def __radd__(self, other):
+        return Time(self._parse(other, "+").value + self.value, self.unit)
+
+    def __sub__(self, other):
+        return Time(self.value - self._parse(other, "-").value, self.unit)
+
+    def __rsub__(self, other):
+        return Time(self._parse(other, "-").value - self.value, self.unit)
+
+    def __mod__(self, other):
+        return Time(self.value % self._parse(other, "%").value, self.unit)
+
+    def __mul__(self, other):
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            # Composer keeps the value's type, so an integer count times 1.5 is truncated.
+            return Time(type(self.value)(self.value * other), self.unit)
+        if isinstance(other, str):
+            other = Time.from_timestring(other)
+        if not isinstance(other, Time):
+            raise TypeError(f"Cannot multiply {self!r} by {other!r} of type {type(other).__name__}.")
+        if TimeUnit.DURATION not in (self.unit, other.unit):
+            raise RuntimeError(
+                f"Cannot multiply {self!r} by {other!r}: one side must be a number or a 'dur' Time."
+            )
+        unit = self.unit if other.unit == TimeUnit.DURATION else other.unit
+        kind = float if unit == TimeUnit.DURATION else int
+        return Time(kind(self.value * other.value), unit)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return Time(type(self.value)(self.value / other), self.unit)
+        return Time(self.value / self._parse(other, "/").value, TimeUnit.DURATION)
+
+    def __neg__(self):
+        return Time(-self.value, self.unit)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return Time(abs(self.value), self.unit)
+
+    def __float__(self):
+        return float(self.value)
+
+    def __int__(self):
+        return int(self.value)
+
+    # ----- comparisons --------------------------------------------------------------------------------------
+    def __eq__(self, other):
+        if not isinstance(other, (Time, int, float, str)) or isinstance(other, bool):
+            return NotImplemented
+        return self.value == self._compare_value(other, "==")
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    def __lt__(self, other):
+        return self.value < self._compare_value(other, "<")
+
+    def __le__(self, other):
+        return self.value <= self._compare_value(other, "<=")
+
+    def __gt__(self, other):
+        return self.value > self._compare_value(other, ">")
+
+    def __ge__(self, other):
+        return self.value >= self._compare_value(other, ">=")
+
+    def __hash__(self):
+        return hash((self.value, self.unit))
+
+    def __repr__(self):
+        return f"Time({self.value!r}, TimeUnit.{self.unit.name})"
+
+    def __reduce__(self):
+        # Needed because __setattr__ refuses writes; pickling/deepcopy rebuild through __init__.
+        return (Time, (self.value, self.unit))
+
+
+def _td(x: Any, name: str) -> datetime.timedelta:
+    if isinstance(x, datetime.timedelta):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return datetime.timedelta(seconds=x)
+    raise TypeError(f"Timestamp.{name} must be a datetime.timedelta or seconds, got {x!r}.")
+
+
+_ZERO = datetime.timedelta(0)
+_COUNTERS = (
+    "iteration", "epoch", "batch", "sample", "token", "epoch_in_iteration", "token_in_iteration",
+    "batch_in_epoch", "sample_in_epoch", "token_in_epoch",
+)
+_WCT = ("total_wct", "iteration_wct", "epoch_wct", "batch_wct")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timestamp:
+    """Progress of a run. Immutable: the trainer swaps in the result of ``to_next_batch`` etc., so callbacks that
+    keep a reference see a consistent snapshot rather than counters that move under them."""
+
+    iteration: int = 0
+    epoch: int = 0
+    batch: int = 0
+    sample: int = 0
+    token: int = 0
+    epoch_in_iteration: int = 0
+    token_in_iteration: int = 0
+    batch_in_epoch: int = 0
+    sample_in_epoch: int = 0
+    token_in_epoch: int = 0
+    total_wct: datetime.timedelta = _ZERO
+    iteration_wct: datetime.timedelta = _ZERO
+    epoch_wct: datetime.timedelta = _ZERO
+    batch_wct: datetime.timedelta = _ZERO
+
+    def __post_init__(self):
+        for name in _COUNTERS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"Timestamp.{name} must be an int, got {v!r} of type {type(v).__name__}.")
+        for name in _WCT:
+            object.__setattr__(self, name, _td(getattr(self, name), name))
+
+    def get(self, unit: Union[TimeUnit, str, Time]) -> Time:
+        """The counter for ``unit`` as a Time. ``dur`` needs ``max_duration``, which a Timestamp does not know."""
+        if isinstance(unit, Time):
+            unit = unit.unit
+        unit = TimeUnit(unit)
+        if unit == TimeUnit.DURATION:
+            raise ValueError(
+                "Timestamp.get('dur') is undefined: the elapsed fraction needs max_duration; use "
+                "timestamp.get(max_duration.unit) / max_duration instead."
+            )
+        if unit == TimeUnit.SECOND:
+            return Time(int(self.total_wct.total_seconds()), TimeUnit.SECOND)
+        field = {
+            TimeUnit.ITERATION: self.iteration, TimeUnit.EPOCH: self.epoch, TimeUnit.BATCH: self.batch,
+            TimeUnit.SAMPLE: self.sample, TimeUnit.TOKEN: self.token,
+        }[unit]
+        return Time(field, unit)
+
+    # Comparisons against a Time, as Composer's ``state.timestamp < t_warmup``.
+    def _as(self, other: Any) -> tuple[Time, Time]:
+        other = Time.from_input(other)
+        return self.get(other.unit), other
+
+    def __lt__(self, other):
+        a, b = self._as(other)
+        return a < b
+
+    def __le__(self, other):
+        a, b = self._as(other)
+        return a <= b
+
+    def __gt__(self, other):
+        a, b = self._as(other)
+        return a > b
+
+    def __ge__(self, other):
+        a, b = self._as(other)
+        return a >= b
+
+    def copy(self, **changes: Any) -> "Timestamp":
+        return dataclasses.replace(self, **changes)
+
+    def to_next_batch(
+        self, samples: int = 0, tokens: int = 0, duration: datetime.timedelta | None = None
+    ) -> "Timestamp":
+        duration = _td(duration if duration is not None else _ZERO, "duration")
+        return self.copy(
+            batch=self.batch + 1,
+            batch_in_epoch=self.batch_in_epoch + 1,
+            sample=self.sample + samples,
+            sample_in_epoch=self.sample_in_epoch + samples,
+            token=self.token + tokens,
+            token_in_iteration=self.token_in_iteration + tokens,
+            token_in_epoch=self.token_in_epoch + tokens,
+            total_wct=self.total_wct + duration,
+            iteration_wct=self.iteration_wct + duration,
+            epoch_wct=self.epoch_wct + duration,
+            batch_wct=duration,  # the last batch's time, as in Composer, not a running sum
+        )
+
+    def to_next_epoch(self, duration: datetime.timedelta | None = None) -> "Timestamp":
+        duration = _td(duration if duration is not None else _ZERO, "duration")
+        return self.copy(
+            epoch=self.epoch + 1,
+            epoch_in_iteration=self.epoch_in_iteration + 1,
+            batch_in_epoch=0,
+            sample_in_epoch=0,
+            token_in_epoch=0,
+            total_wct=self.total_wct + duration,
+            iteration_wct=self.iteration_wct + duration,
+            epoch_wct=_ZERO,
+            batch_wct=_ZERO,
+        )
+
+    def to_next_iteration(self, duration: datetime.timedelta | None = None) -> "Timestamp":
+        duration = _td(duration if duration is not None else _ZERO, "duration")
+        return self.copy(
+            iteration=self.iteration + 1,
+            epoch_in_iteration=0,
+            token_in_iteration=0,
+            batch_in_epoch=0,
+            sample_in_epoch=0,
+            token_in_epoch=0,
+            total_wct=self.total_wct + duration,
+            iteration_wct=_ZERO,
+            epoch_wct=_ZERO,
+            batch_wct=_ZERO,
+        )
+
+    def state_dict(self) -> dict[str, int]:
+        """JSON-able: wall-clock fields as integer microseconds so a save/load round trip is exact."""
+        d = {name: getattr(self, name) for name in _COUNTERS}
+        for name in _WCT:
+            d[name + "_us"] = getattr(self, name) // datetime.timedelta(microseconds=1)
+        return d
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "Timestamp":
+        unknown = set(state) - set(_COUNTERS) - {n + "_us" for n in _WCT}
+        if unknown:
+            raise ValueError(f"Unknown Timestamp state_dict keys {sorted(unknown)}; expected keys from state_dict().")
+        kwargs: dict[str, Any] = {n: state[n] for n in _COUNTERS if n in state}
+        for n in _WCT:
+            if n + "_us" in state:
+                kwargs[n] = datetime.timedelta(microseconds=state[n + "_us"])
+        return cls(**kwargs)
+
+    def load_state_dict(self, state: dict[str, Any]) -> "Timestamp":
+        """Returns the loaded Timestamp (this one is immutable, so it cannot be filled in place)."""
+        return Timestamp.from_state_dict(state)
+
+
+def to_batches(
+    t: Union[Time, str],
+    *,
+    steps_per_epoch: int | None,
+    max_batches: int | None,
+    batch_size: int | None = None,
+    tokens_per_batch: int | None = None,
+) -> int:
+    """Number of optimizer steps that ``t`` spans.
+
+    ``dur`` is floored (Composer's ``int(value * max_duration)``); samples and tokens round up because a partial
+    batch still costs a step. Wall-clock and iteration times have no fixed batch count and are rejected.
+    """
+    t = Time.from_input(t)
+
+    def need(value: int | None, name: str) -> int:
+        if value is None:
+            raise ValueError(f"Cannot convert {t.to_timestring()!r} to batches: {name} is None; pass {name}.")
+        if value <= 0:
+            raise ValueError(f"Cannot convert {t.to_timestring()!r} to batches: {name}={value!r}, expected > 0.")
+        return value
+
+    if t.unit == TimeUnit.BATCH:
+        return int(t.value)
+    if t.unit == TimeUnit.EPOCH:
+        return int(t.value) * need(steps_per_epoch, "steps_per_epoch")
+    if t.unit == TimeUnit.DURATION:
+        if max_batches is None:
+            raise ValueError(f"Cannot convert {t.to_timestring()!r} to batches: max_batches is None; pass max_batches.")
+        return int(math.floor(t.value * max_batches))
+    if t.unit == TimeUnit.SAMPLE:
+        return -(-int(t.value) // need(batch_size, "batch_size"))
+    if t.unit == TimeUnit.TOKEN:
+        return -(-int(t.value) // need(tokens_per_batch, "tokens_per_batch"))
+    raise ValueError(
+        f"Cannot convert {t.to_timestring()!r} to batches: '{t.unit.value}' has no fixed number of batches; "
+        f"use 'ba', 'ep', 'dur', 'sp' or 'tok'."
+    )

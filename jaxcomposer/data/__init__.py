@@ -1,0 +1,48 @@
+"""Data: in-memory grain loaders with exact resume, device prefetch, and datasets available offline.
+
+See DESIGN.md §5. Everything here returns numpy on the host; ``prefetch_to_device`` moves batches to devices.
+"""
+
+from jaxcomposer.data.datasets import (
+    DIGITS_MEAN,
+    DIGITS_STD,
+    FASHION_MNIST_CLASSES,
+    FASHION_MNIST_DIR,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    DatasetNotFoundError,
+    fashion_mnist_available,
+    load_digits,
+    load_fashion_mnist,
+    normalize_images,
+)
+from jaxcomposer.data.factory import DATASET_NAMES, DatasetInfo, make_loaders
+from jaxcomposer.data.loader import ArrayLoader
+from jaxcomposer.data.prefetch import prefetch_to_device
+from jaxcomposer.data.text import FILE_SEPARATOR, TokenWindows, lm_arrays, load_stdlib_text, stdlib_files
+from jaxcomposer.data.tfds_adapter import load_tfds
+
+__all__ = [
+    "ArrayLoader",
+    "DATASET_NAMES",
+    "DIGITS_MEAN",
+    "DIGITS_STD",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_DIR",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "FILE_SEPARATOR",
+    "TokenWindows",
+    "fashion_mnist_available",
+    "lm_arrays",
+    "load_digits",
+    "load_fashion_mnist",
+    "load_stdlib_text",
+    "load_tfds",
+    "make_loaders",
+    "normalize_images",
+    "prefetch_to_device",
+    "stdlib_files",
+]

@@ -1,0 +1,70 @@
+"""Read a prepared TFDS dataset into numpy arrays without TensorFlow.
+
+Why this path: TFDS 4.9.10 reads ``array_record`` datasets through ``builder.as_data_source(split)`` with no
+TensorFlow installed (ecosystem.md §4), while ``tfds.load``/``as_dataset``/``as_numpy`` and the TFRecord format
+all need TF. So datasets must be prepared with ``file_format='array_record'``; the errors below say so.
+``tfds.testing.mock_data`` also works here, which is how the quickstart and tests can use TFDS offline.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from jaxcomposer.data.datasets import DatasetNotFoundError
+
+_CHUNK = 4096  # records fetched per __getitems__ call: bounded temporary memory, few Python round trips
+
+
+def _get_many(source, keys: list[int]) -> list:
+    """Batched reads; ``tfds.testing.mock_data`` (4.9.10) patches ``__getitems__`` with a broken signature
+    (``TypeError: _getitems() missing ... 'record_keys'``), so fall back to one record at a time there."""
+    try:
+        return list(source.__getitems__(keys))
+    except (AttributeError, TypeError):
+        return [source[k] for k in keys]
+
+
+def load_tfds(
+    name: str,
+    split: str,
+    data_dir: str | os.PathLike | None,
+    *,
+    image_key: str = "image",
+    label_key: str | None = "label",
+) -> dict[str, np.ndarray]:
+    """Load ``split`` of the TFDS dataset ``name`` from ``data_dir`` as ``{'input': ..., 'target': int32}``.
+
+    ``image_key`` becomes ``'input'`` (dtype kept, e.g. uint8 NHWC images) and ``label_key`` becomes ``'target'``
+    (cast to int32); pass ``label_key=None`` for unlabelled data. Other features are ignored. Nothing is
+    downloaded: the dataset must already be prepared in ``data_dir`` in the array_record format.
+    """
+    import tensorflow_datasets as tfds  # optional dependency, imported only when used
+
+    builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
+    try:
+        source = builder.as_data_source(split)
+    except Exception as error:
+        if not builder.is_prepared():
+            raise DatasetNotFoundError(
+                f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; prepare it (with network, "
+                f"file_format='array_record') using `tfds.builder({name!r}, data_dir=...).download_and_prepare("
+                f"file_format='array_record')` or copy a prepared dataset there"
+            ) from error
+        raise
+    n = len(source)
+    if n == 0:
+        raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty")
+    keys = [image_key] + ([label_key] if label_key is not None else [])
+    columns: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    for start in range(0, n, _CHUNK):
+        records = _get_many(source, list(range(start, min(start + _CHUNK, n))))
+        for key in keys:
+            if key not in records[0]:
+                raise KeyError(f"TFDS dataset {name!r} has no feature {key!r}; features: {sorted(records[0])}")
+            columns[key].append(np.stack([np.asarray(r[key]) for r in records]))
+    out = {"input": np.concatenate(columns[image_key])}
+    if label_key is not None:
+        out["target"] = np.concatenate(columns[label_key]).astype(np.int32)
+    return out

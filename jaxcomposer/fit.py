@@ -1,0 +1,118 @@
+"""``jaxcomposer.fit(config)``: a validated config in, a trained model, metrics, a run directory and a plot out."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from flax import nnx
+
+from jaxcomposer import config as config_lib
+from jaxcomposer.core.events import RunState
+from jaxcomposer.data import make_loaders
+from jaxcomposer.data.datasets import (DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD,
+                                       normalize_images)
+from jaxcomposer.models import GPT, MLP, ResNetCIFAR
+from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.trainer.trainer import Trainer
+
+_NORMALIZATION = {"fashion_mnist": (FASHION_MNIST_MEAN, FASHION_MNIST_STD), "digits": (DIGITS_MEAN, DIGITS_STD)}
+
+
+@dataclasses.dataclass
+class FitResult:
+    metrics: dict[str, float]
+    wall_time_s: float
+    run_dir: Path
+    state: RunState
+    trainer: Trainer
+    fallback_note: str | None = None
+
+
+def model_builder(name: str) -> Callable:
+    """The model class for a config's ``model.name``; its constructor's keywords are the config keys."""
+    return {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "gpt": GPT}[name]
+
+
+class NormalizedLoader:
+    """A loader whose uint8 images become normalized float32 on the host, so methods (CutOut, MixUp) see the
+    same values a Composer user's normalized tensors hold. Forwards length, epoch and position to the inner one."""
+
+    def __init__(self, inner, mean: float, std: float):
+        self.inner, self.mean, self.std = inner, mean, std
+
+    def __iter__(self):
+        for batch in self.inner:
+            yield {**batch, "input": normalize_images(batch["input"], self.mean, self.std)}
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getattr__(self, name):  # set_epoch, get_state, set_state, batch_size, num_samples
+        return getattr(self.inner, name)
+
+
+def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
+    """Train from a YAML path, a mapping or a :class:`jaxcomposer.Config`; ``overrides`` are ``a.b=value`` strings.
+
+    Everything is validated first (all problems reported at once, nothing written); then data, model, methods and
+    the trainer are built, ``fit`` runs, and the run directory receives ``metrics.jsonl``, ``metrics.png``,
+    TensorBoard events and ``config.yaml``.
+    """
+    cfg = config_lib.load_config(config, overrides)
+    run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run_dir).absolute() / run_name
+    d = cfg.data
+    train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
+                                      seq_len=d.seq_len, max_bytes=d.max_bytes)
+    if info.name in _NORMALIZATION:
+        train, evals = (NormalizedLoader(x, *_NORMALIZATION[info.name]) for x in (train, evals))
+    task = _build_task(cfg, info)
+    optimizer = config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS)
+    schedulers = [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers]
+    algorithms = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.ALGORITHMS)
+                  for n, kw in cfg.algorithms.items()]
+    callbacks = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
+                 for n, kw in cfg.callbacks.items()]
+    trainer = Trainer(model=task, train_dataloader=train, eval_dataloader=evals, max_duration=cfg.max_duration,
+                      optimizers=optimizer, schedulers=schedulers, scale_schedule_ratio=cfg.scale_schedule_ratio,
+                      algorithms=algorithms, callbacks=callbacks, eval_interval=cfg.eval_interval, seed=cfg.seed,
+                      precision=cfg.precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
+                      run_name=run_name, run_dir=run_dir, progress_bar=cfg.progress_bar,
+                      log_to_console=cfg.log_to_console, train_subset_num_batches=cfg.train_subset_num_batches,
+                      eval_subset_num_batches=cfg.eval_subset_num_batches)
+    if info.fallback_note:
+        trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
+    start = time.perf_counter()
+    state = trainer.fit()
+    wall = time.perf_counter() - start
+    trainer.close()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    return FitResult(metrics=dict(state.eval_metrics.get("eval", {})), wall_time_s=wall, run_dir=run_dir,
+                     state=state, trainer=trainer, fallback_note=info.fallback_note)
+
+
+def _build_task(cfg, info):
+    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    name = cfg.model["name"]
+    rngs = nnx.Rngs(cfg.seed)
+    if name == "gpt":
+        if info.name != "stdlib_text":
+            raise config_lib.ConfigError([("model.name", f"'gpt' needs a text dataset, data.name is {info.name!r}")])
+        module = GPT(**{"vocab_size": info.num_classes, "seq_len": info.input_shape[0], **kwargs}, rngs=rngs)
+        return ComposerCausalLM(module)
+    if info.name == "stdlib_text":
+        raise config_lib.ConfigError([("model.name", f"{name!r} is an image classifier; data.name 'stdlib_text' "
+                                                     "needs model.name 'gpt'")])
+    if name == "mlp":
+        in_features = 1
+        for s in info.input_shape:
+            in_features *= s
+        module = MLP(**{"in_features": in_features, "num_classes": info.num_classes, **kwargs}, rngs=rngs)
+    else:
+        module = ResNetCIFAR(**{"num_classes": info.num_classes, "in_channels": info.input_shape[-1], **kwargs},
+                             rngs=rngs)
+    return ComposerClassifier(module, num_classes=info.num_classes)

@@ -1,0 +1,13 @@
+"""Logger facade and destinations (Composer's ``composer.loggers``). Optional backends import their package lazily."""
+from jaxcomposer.loggers.console import ConsoleLogger
+from jaxcomposer.loggers.in_memory import InMemoryLogger
+from jaxcomposer.loggers.jsonl import JSONLLogger, read_jsonl
+from jaxcomposer.loggers.logger import Logger, LoggerDestination
+from jaxcomposer.loggers.plot import PlotLogger
+from jaxcomposer.loggers.progress_bar import ProgressBarLogger
+from jaxcomposer.loggers.tensorboard import TensorboardLogger
+
+__all__ = [
+    "Logger", "LoggerDestination", "ConsoleLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl", "PlotLogger",
+    "ProgressBarLogger", "TensorboardLogger",
+]

@@ -1,0 +1,116 @@
+"""The ``Logger`` facade, the ``LoggerDestination`` base, and a queue that keeps logging off the step's critical path.
+
+Composer's algorithms and callbacks log through one ``Logger`` that fans out to destinations. Destinations are also
+callbacks, so they see every event (the trainer fires each event on them too) and can read the ``RunState``.
+
+Values arrive as Python numbers or as device scalars. ``float()`` on a device scalar waits for the step that produced
+it, so a destination that converts eagerly on every batch would serialise the host with the device. Destinations that
+write every logged value therefore queue them in ``PendingMetrics`` and convert only values that are already computed
+(or at sync points such as EPOCH_END / EVAL_END / FIT_END). Consequence for callers: do not log buffers that will be
+donated to the next step (e.g. leaves of ``train_state``); log step outputs such as the loss.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping
+
+from jaxcomposer.core.events import Callback
+
+__all__ = ["Logger", "LoggerDestination", "PendingMetrics", "LogRecord", "is_ready", "format_metric"]
+
+
+class LoggerDestination(Callback):
+    """Where metrics go. Receives raw values (floats or device scalars) and converts them with ``float()`` itself."""
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        pass
+
+    def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
+        pass
+
+
+class Logger:
+    """Fan-out facade. The trainer calls ``set_step`` once per batch so callers need not pass ``step``."""
+
+    def __init__(self, destinations: Iterable[LoggerDestination] = ()):
+        self.destinations = list(destinations)
+        for d in self.destinations:
+            if not isinstance(d, LoggerDestination):
+                raise TypeError(f"Logger destinations must be LoggerDestination instances, got {type(d).__name__}.")
+        self._step = 0
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def set_step(self, step: int) -> None:
+        self._step = int(step)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        step = self._step if step is None else int(step)
+        for d in self.destinations:
+            d.log_metrics(metrics, step)
+
+    def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
+        for d in self.destinations:
+            d.log_hyperparameters(hparams)
+
+
+def is_ready(value: Any) -> bool:
+    """True when ``float(value)`` will not wait: Python numbers always, jax arrays once computed."""
+    check = getattr(value, "is_ready", None)
+    if check is None:
+        return True
+    try:
+        return bool(check())
+    except Exception:  # deleted or donated buffer: let float() raise its own, clearer error
+        return True
+
+
+@dataclasses.dataclass
+class LogRecord:
+    step: int
+    metrics: dict[str, float]
+    context: dict[str, Any]
+
+
+class PendingMetrics:
+    """FIFO of logged metrics whose values may still be computing on the device.
+
+    ``pop()`` releases entries in logging order once all their values are ready. Entries beyond ``max_pending`` are
+    forced (``float()`` waits), which bounds both memory and how stale a destination can get; ``pop(force=True)``
+    drains everything at sync points. ``context`` carries what must be captured at log time (epoch, wall time).
+    """
+
+    def __init__(self, max_pending: int = 16):
+        if max_pending < 0:
+            raise ValueError(f"max_pending must be >= 0, got {max_pending}.")
+        self.max_pending = max_pending
+        self._queue: collections.deque = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, step: int, metrics: Mapping[str, Any], **context: Any) -> None:
+        self._queue.append((int(step), dict(metrics), context))
+
+    def pop(self, force: bool = False) -> list[LogRecord]:
+        out = []
+        while self._queue:
+            step, metrics, context = self._queue[0]
+            if not (force or len(self._queue) > self.max_pending or all(map(is_ready, metrics.values()))):
+                break
+            self._queue.popleft()
+            out.append(LogRecord(step, {k: float(v) for k, v in metrics.items()}, context))
+        return out
+
+
+def format_metric(value: float) -> str:
+    """Compact, fixed-ish width: 4 significant digits, scientific only for very small or large magnitudes."""
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4g}"

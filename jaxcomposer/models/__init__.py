@@ -1,0 +1,24 @@
+"""Native Flax NNX models and the Composer-style task wrappers around them."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxcomposer.models.gpt import GPT
+from jaxcomposer.models.mlp import MLP
+from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
+from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+
+
+def num_params(model: Any) -> int:
+    """Trainable parameter count of an NNX module (its ``nnx.Param`` leaves) or of any params pytree.
+
+    BatchNorm running statistics are state, not params, so they are not counted (as in Composer's reports).
+    """
+    tree = nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model
+    return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
+
+
+__all__ = ["GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ComposerClassifier", "ComposerCausalLM", "num_params"]

@@ -1,0 +1,93 @@
+"""A small byte-level GPT (nanoGPT layout): pre-LN blocks, learned positions, causal attention, tied head.
+
+Attention goes through ``jax.nn.dot_product_attention(..., is_causal=True)`` in (B, T, H, D) layout so XLA may
+pick a fused kernel. That API has no attention-probability dropout, so ``dropout`` applies to the embeddings and
+to each residual branch output (nanoGPT's ``resid_dropout``), which is where most of its effect is anyway.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcomposer.models._keys import split_dropout_keys
+
+
+def _normal(std: float):
+    return jax.nn.initializers.normal(stddev=std)
+
+
+class CausalSelfAttention(nnx.Module):
+    def __init__(self, d_model: int, n_heads: int, resid_std: float, *, rngs: nnx.Rngs):
+        if d_model % n_heads != 0:
+            raise ValueError(f"GPT: d_model={d_model} must be divisible by n_heads={n_heads}.")
+        self.n_heads = n_heads
+        self.qkv = nnx.Linear(d_model, 3 * d_model, kernel_init=_normal(0.02), rngs=rngs)
+        self.proj = nnx.Linear(d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, t, d = x.shape
+        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
+        shape = (b, t, self.n_heads, d // self.n_heads)
+        y = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal=True)
+        return self.proj(y.reshape(b, t, d))
+
+
+class Block(nnx.Module):
+    """``x + drop(attn(ln1(x)))`` then ``x + drop(mlp(ln2(x)))``."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, dropout: float, resid_std: float,
+                 *, rngs: nnx.Rngs):
+        self.ln1 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+        self.attn = CausalSelfAttention(d_model, n_heads, resid_std, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+        self.fc = nnx.Linear(d_model, mlp_ratio * d_model, kernel_init=_normal(0.02), rngs=rngs)
+        self.fc_proj = nnx.Linear(mlp_ratio * d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
+        self.drop = nnx.Dropout(dropout)
+
+    def __call__(self, x: jax.Array, *, train: bool, keys: list) -> jax.Array:
+        x = x + self.drop(self.attn(self.ln1(x)), deterministic=not train, rngs=keys[0])
+        h = self.fc_proj(jax.nn.gelu(self.fc(self.ln2(x)), approximate=True))
+        return x + self.drop(h, deterministic=not train, rngs=keys[1])
+
+
+class GPT(nnx.Module):
+    """Tokens ``(B, T)`` int with ``T <= seq_len`` -> logits ``(B, T, vocab_size)`` float32.
+
+    Init follows nanoGPT: every weight normal(0.02), biases zero, and the two residual projections per block
+    scaled by ``1/sqrt(2 * n_layers)`` so the residual stream's variance does not grow with depth.
+    """
+
+    def __init__(self, vocab_size: int = 256, seq_len: int = 128, d_model: int = 128, n_layers: int = 4,
+                 n_heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0, tie_embeddings: bool = True,
+                 *, rngs: nnx.Rngs):
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"GPT: dropout must be in [0, 1), got {dropout}.")
+        self.vocab_size, self.seq_len, self.n_layers = vocab_size, seq_len, n_layers
+        self.dropout_rate = dropout
+        resid_std = 0.02 / math.sqrt(2 * n_layers)
+        self.wte = nnx.Embed(vocab_size, d_model, embedding_init=_normal(0.02), rngs=rngs)
+        self.wpe = nnx.Embed(seq_len, d_model, embedding_init=_normal(0.02), rngs=rngs)
+        self.drop = nnx.Dropout(dropout)
+        self.blocks = nnx.List([Block(d_model, n_heads, mlp_ratio, dropout, resid_std, rngs=rngs)
+                                for _ in range(n_layers)])
+        self.ln_f = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+        self.lm_head = None if tie_embeddings else nnx.Linear(
+            d_model, vocab_size, use_bias=False, kernel_init=_normal(0.02), rngs=rngs)
+
+    def __call__(self, tokens: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"GPT: expected int tokens (B, T), got {tokens.dtype} {tokens.shape}.")
+        b, t = tokens.shape
+        if t > self.seq_len:
+            raise ValueError(f"GPT: sequence length {t} exceeds seq_len={self.seq_len}.")
+        keys = split_dropout_keys(key, 1 + 2 * self.n_layers, active=train and self.dropout_rate > 0, where="GPT")
+        x = self.wte(tokens) + self.wpe(jnp.arange(t))[None]
+        x = self.drop(x, deterministic=not train, rngs=keys[0])
+        for i, block in enumerate(self.blocks):
+            x = block(x, train=train, keys=keys[1 + 2 * i: 3 + 2 * i])
+        x = self.ln_f(x)
+        logits = self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
+        return logits.astype(jnp.float32)

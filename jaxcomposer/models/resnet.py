@@ -1,0 +1,95 @@
+"""The CIFAR ResNet of He et al. (2016, §4.2): depth 6n+2, three stages of n basic blocks.
+
+Unlike the ImageNet ResNets it has a 3x3 stem and no max-pool, so it works on small images (8x8 digits, 28x28
+Fashion-MNIST, 32x32 CIFAR). Shape changes use 1x1 conv + BN projection shortcuts (option B) so every variant is
+a plain stack of convolutions. Layouts are NHWC.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# torchvision's ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``: untruncated normal, variance 2 / fan_out.
+kaiming_fan_out = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+VALID_DEPTH_EXAMPLES = (8, 14, 20, 32, 44, 56, 110)
+
+
+def _conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs) -> nnx.Conv:
+    # Explicit symmetric padding (torch's padding=k//2) rather than "SAME", which pads stride-2 convs asymmetrically.
+    pad = kernel // 2
+    return nnx.Conv(cin, cout, kernel_size=(kernel, kernel), strides=(stride, stride),
+                    padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=kaiming_fan_out, rngs=rngs)
+
+
+def _bn(c: int, momentum: float, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
+    scale_init = jax.nn.initializers.zeros if zero else jax.nn.initializers.ones
+    return nnx.BatchNorm(c, momentum=momentum, epsilon=1e-5, scale_init=scale_init, rngs=rngs)
+
+
+class BasicBlock(nnx.Module):
+    """``relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))`` with a projection shortcut when the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int, bn_momentum: float, zero_init_residual: bool,
+                 *, rngs: nnx.Rngs):
+        self.conv1 = _conv(cin, cout, 3, stride, rngs)
+        self.bn1 = _bn(cout, bn_momentum, rngs)
+        self.conv2 = _conv(cout, cout, 3, 1, rngs)
+        self.bn2 = _bn(cout, bn_momentum, rngs, zero=zero_init_residual)
+        if stride != 1 or cin != cout:
+            self.proj_conv = _conv(cin, cout, 1, stride, rngs)
+            self.proj_bn = _bn(cout, bn_momentum, rngs)
+        else:
+            self.proj_conv = self.proj_bn = None
+
+    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+        ura = not train
+        y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=ura))
+        y = self.bn2(self.conv2(y), use_running_average=ura)
+        shortcut = x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=ura)
+        return jax.nn.relu(y + shortcut)
+
+
+class ResNetCIFAR(nnx.Module):
+    """CIFAR-style ResNet; ``stem_stride=2`` makes a cheap variant (28x28 inputs give 14x14 feature maps).
+
+    ``key`` is accepted for the common model signature; the network has no random ops.
+    """
+
+    def __init__(self, depth: int = 20, width: int = 16, num_classes: int = 10, in_channels: int = 3,
+                 stem_stride: int = 1, widen: Sequence[int] = (1, 2, 4), bn_momentum: float = 0.9,
+                 zero_init_residual: bool = False, *, rngs: nnx.Rngs):
+        if not isinstance(depth, int) or depth < 8 or (depth - 2) % 6 != 0:
+            raise ValueError(f"ResNetCIFAR: depth must be 6n+2 with n >= 1, got depth={depth!r}; "
+                             f"valid examples: {', '.join(map(str, VALID_DEPTH_EXAMPLES))}.")
+        n = (depth - 2) // 6
+        self.depth, self.num_classes = depth, num_classes
+        self.stem_conv = _conv(in_channels, width, 3, stem_stride, rngs)
+        self.stem_bn = _bn(width, bn_momentum, rngs)
+        blocks, cin = [], width
+        for stage, mult in enumerate(widen):
+            cout = width * mult
+            for i in range(n):
+                stride = 2 if (stage > 0 and i == 0) else 1
+                blocks.append(BasicBlock(cin, cout, stride, bn_momentum, zero_init_residual, rngs=rngs))
+                cin = cout
+        self.blocks = nnx.List(blocks)
+        self.head = nnx.Linear(cin, num_classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
+        del key
+        if x.ndim != 4:
+            raise ValueError(f"ResNetCIFAR: expected NHWC images (B, H, W, C), got shape {x.shape}.")
+        x = jax.nn.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
+        for block in self.blocks:
+            x = block(x, train=train)
+        return self.head(x.mean(axis=(1, 2))).astype(jnp.float32)
+
+
+def resnet_cifar(depth: int = 20, width: int = 16, num_classes: int = 10, *, rngs: nnx.Rngs | None = None,
+                 seed: int = 0, **kwargs) -> ResNetCIFAR:
+    """Convenience constructor: ``resnet_cifar(56, 16, in_channels=3)``; ``seed`` is used when ``rngs`` is None."""
+    return ResNetCIFAR(depth, width, num_classes, rngs=rngs if rngs is not None else nnx.Rngs(seed), **kwargs)

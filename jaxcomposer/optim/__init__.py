@@ -1,0 +1,42 @@
+"""Optimizers and LR schedulers with Composer's names and semantics."""
+from jaxcomposer.optim.decoupled import AdamWState, DecoupledAdamW, DecoupledSGDW, DecoupledTransformation, SGDWState
+from jaxcomposer.optim.schedulers import (
+    ComposerScheduler,
+    ConstantScheduler,
+    ConstantWithWarmupScheduler,
+    CosineAnnealingScheduler,
+    CosineAnnealingWarmRestartsScheduler,
+    CosineAnnealingWithWarmupScheduler,
+    ExponentialScheduler,
+    LinearScheduler,
+    LinearWithWarmupScheduler,
+    MultiStepScheduler,
+    MultiStepWithWarmupScheduler,
+    PolynomialScheduler,
+    PolynomialWithWarmupScheduler,
+    StepScheduler,
+    compose_schedules,
+)
+
+__all__ = [
+    "AdamWState",
+    "ComposerScheduler",
+    "ConstantScheduler",
+    "ConstantWithWarmupScheduler",
+    "CosineAnnealingScheduler",
+    "CosineAnnealingWarmRestartsScheduler",
+    "CosineAnnealingWithWarmupScheduler",
+    "DecoupledAdamW",
+    "DecoupledSGDW",
+    "DecoupledTransformation",
+    "ExponentialScheduler",
+    "LinearScheduler",
+    "LinearWithWarmupScheduler",
+    "MultiStepScheduler",
+    "MultiStepWithWarmupScheduler",
+    "PolynomialScheduler",
+    "PolynomialWithWarmupScheduler",
+    "SGDWState",
+    "StepScheduler",
+    "compose_schedules",
+]

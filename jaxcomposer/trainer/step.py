@@ -1,0 +1,160 @@
+"""The pure train and eval steps. Everything a method does inside a step is composed here, at trace time.
+
+Order inside one train step (Composer's in-step events, as slots):
+  batch slots (AFTER_DATALOADER/BEFORE_FORWARD) -> forward -> loss wrappers (BEFORE/AFTER_LOSS) -> grad wrappers
+  around gradient accumulation (BACKWARD) -> tx wrappers + optimizer (AFTER_TRAIN_BATCH, step) -> post_step (BATCH_END).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxcomposer.core.method import Composed, StepCtx
+from jaxcomposer.core.state import TrainState
+
+PRECISIONS = ("fp32", "amp_bf16")
+_FORWARD_KEY = 0x5EED  # fold-in tag for the model's own randomness (dropout), distinct from method keys
+
+
+def cast_floating(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def make_forward(task, precision: str) -> Callable:
+    """``forward(params, model_state, batch, *, train, key)`` with AMP: fp32 master weights, bf16 compute,
+    fp32 outputs (so losses and metrics are reduced in fp32)."""
+    if precision == "fp32":
+        return task.forward
+
+    def forward(params, model_state, batch, *, train, key):
+        outputs, new_state = task.forward(cast_floating(params, jnp.bfloat16), model_state,
+                                          cast_floating(batch, jnp.bfloat16), train=train, key=key)
+        return cast_floating(outputs, jnp.float32), new_state
+
+    return forward
+
+
+def make_grad_fn(task, loss_fn: Callable, precision: str) -> Callable:
+    """``grad_fn(params, model_state, batch, key) -> ((mean_loss, new_model_state), grads)``."""
+    forward = make_forward(task, precision)
+
+    def mean_loss(params, model_state, batch, key):
+        outputs, new_state = forward(params, model_state, batch, train=True, key=key)
+        return loss_fn(outputs, batch).mean(), new_state
+
+    return jax.value_and_grad(mean_loss, has_aux=True)
+
+
+def accumulate_gradients(grad_fn: Callable, num_microbatches: int, data_sharding=None) -> Callable:
+    """Gradient accumulation as a wrapper (levanter's shape): the update equals the full-batch update.
+
+    Microbatch ``i`` takes examples ``i, i+n, i+2n, ...``: a strided split keeps every microbatch spread over the
+    data axis, where a contiguous split would put each microbatch on one device. Each microbatch's mean loss is
+    weighted by ``1/n``, so the summed gradient is the gradient of the full-batch mean loss. Model state
+    (BatchNorm statistics) threads through the microbatches in order, as in Composer.
+    """
+    if num_microbatches == 1:
+        return grad_fn
+    n = num_microbatches
+
+    def split(x):
+        x = x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1)
+        if data_sharding is not None:
+            x = jax.lax.with_sharding_constraint(x, data_sharding)
+        return x
+
+    def accumulated(params, model_state, batch, key):
+        micro = jax.tree.map(split, batch)
+
+        def body(carry, xs):
+            loss_sum, grad_sum, state = carry
+            i, mb = xs
+            (loss, state), grads = grad_fn(params, state, mb, jax.random.fold_in(key, i))
+            grad_sum = jax.tree.map(lambda a, g: a + g / n, grad_sum, grads)
+            return (loss_sum + loss / n, grad_sum, state), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (loss, grads, state), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros, model_state),
+                                               (jnp.arange(n), micro))
+        return (loss, state), grads
+
+    return accumulated
+
+
+def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, *, precision: str = "fp32",
+                    num_microbatches: int = 1, total_steps: int = 1, steps_per_epoch: int | None = None,
+                    mesh=None) -> Callable:
+    """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``)."""
+    data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
+    grad_fn = make_grad_fn(task, composed.wrap_loss(task.loss), precision)
+    grad_fn = composed.wrap_grad(accumulate_gradients(grad_fn, num_microbatches, data_sharding))
+
+    def train_step(state: TrainState, batch: dict, stage=None):
+        step_key = jax.random.fold_in(state.key, state.step)
+        ctx = StepCtx(step=state.step, progress=state.step.astype(jnp.float32) / max(total_steps, 1),
+                      key=step_key, stage=stage, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+        batch = composed.apply_batch(dict(batch), ctx, state.key)
+        (loss, model_state), grads = grad_fn(state.params, state.model_state, batch,
+                                             jax.random.fold_in(step_key, _FORWARD_KEY))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        extras = composed.update_extras(state.extras, params, model_state, ctx, state.key)
+        new_state = TrainState(state.step + 1, params, model_state, opt_state, extras, state.key)
+        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    return train_step
+
+
+def make_eval_step(task, composed: Composed, *, precision: str = "fp32") -> Callable:
+    """``eval_step(state, batch, mask) -> ({metric: masked sum}, count)``: sums, so batches add up exactly and
+    padded examples (mask 0) count for nothing. Methods with an ``eval`` slot (EMA) choose the weights."""
+    forward = make_forward(task, precision)
+
+    def eval_step(state: TrainState, batch: dict, mask: jax.Array):
+        params, model_state = composed.eval_weights(state.extras, state.params, state.model_state)
+        outputs, _ = forward(params, model_state, batch, train=False, key=None)
+        per_example = task.metrics(outputs, batch)
+        return {k: (v.astype(jnp.float32) * mask).sum() for k, v in per_example.items()}, mask.sum()
+
+    return eval_step
+
+
+def make_predict_step(task, composed: Composed, *, precision: str = "fp32") -> Callable:
+    forward = make_forward(task, precision)
+
+    def predict_step(state: TrainState, batch: dict):
+        params, model_state = composed.eval_weights(state.extras, state.params, state.model_state)
+        outputs, _ = forward(params, model_state, batch, train=False, key=None)
+        return outputs
+
+    return predict_step
+
+
+def jit_train_step(train_step: Callable, mesh) -> Callable:
+    """Jit with the state replicated, the batch sharded over ``data``, and the old state's buffers donated."""
+    replicated = NamedSharding(mesh, P())
+    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data"))),
+                   out_shardings=(replicated, replicated), donate_argnums=0, static_argnums=2)
+
+
+def jit_eval_step(eval_step: Callable, mesh) -> Callable:
+    replicated, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    return jax.jit(eval_step, in_shardings=(replicated, data, data), out_shardings=replicated)
+
+
+def init_train_state(task, tx: optax.GradientTransformation, composed: Composed, seed: int, mesh) -> TrainState:
+    params, model_state = task.params, task.state
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
+                       opt_state=tx.init(params), extras=composed.init_extras(params, model_state),
+                       key=jax.random.PRNGKey(seed))
+    return jax.device_put(state, NamedSharding(mesh, P()))
+
+
+def make_mesh(devices: Any = None):
+    devices = np.asarray(devices if devices is not None else jax.devices())
+    return jax.sharding.Mesh(devices.reshape(-1), ("data",))

@@ -1,0 +1,350 @@
+"""``Trainer``: Composer's keyword names around one jitted pure step. Read it top to bottom:
+``__init__`` validates everything (before any compile or file write), builds the optimizer chain and the state;
+``fit`` is the loop of host events around ``train_step``; ``eval`` and ``predict`` reuse the same weights logic.
+"""
+from __future__ import annotations
+
+import datetime
+import random
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxcomposer.core.events import Callback, Event, RunState
+from jaxcomposer.core.method import compose
+from jaxcomposer.core.model import Task
+from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
+from jaxcomposer.data.prefetch import prefetch_to_device
+from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
+                                 ProgressBarLogger, TensorboardLogger)
+from jaxcomposer.optim import DecoupledSGDW, compose_schedules
+from jaxcomposer.trainer import step as steps
+
+
+class ConfigurationError(ValueError):
+    """A bad argument or config value, reported before anything is compiled or written."""
+
+
+def as_batch(batch: Any) -> dict:
+    """Normalize a loader's batch: dicts pass through, ``(input, target)`` pairs get Composer's default keys;
+    torch tensors and other array-likes become numpy (torch tensors never reach jit)."""
+    if isinstance(batch, (tuple, list)):
+        if len(batch) != 2:
+            raise ConfigurationError(f"train/eval batch: a tuple batch must be (input, target), got {len(batch)} items")
+        batch = {"input": batch[0], "target": batch[1]}
+    if not isinstance(batch, dict):
+        raise ConfigurationError(f"batch: expected a dict of arrays or an (input, target) pair, got {type(batch).__name__}")
+    return {k: v if isinstance(v, (np.ndarray, jax.Array)) else np.asarray(getattr(v, "numpy", lambda: v)())
+            for k, v in batch.items()}
+
+
+def _batch_size(batch: dict) -> int:
+    return int(jax.tree_util.tree_leaves(batch)[0].shape[0])
+
+
+class Trainer:
+    def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
+                 eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
+                 optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
+                 scale_schedule_ratio: float = 1.0, algorithms: Sequence | None = None,
+                 callbacks: Callback | Sequence[Callback] | None = None,
+                 loggers: LoggerDestination | Sequence[LoggerDestination] | None = None,
+                 eval_interval: int | str | Time = 1, eval_subset_num_batches: int = -1,
+                 train_subset_num_batches: int = -1, seed: int | None = None, precision: str | None = None,
+                 device_train_microbatch_size: int | None = None, run_name: str | None = None,
+                 run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
+                 devices: Sequence | None = None):
+        # ---- validate (nothing compiled or written yet) ----
+        if not isinstance(model, Task):
+            raise ConfigurationError(
+                f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
+                f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
+        self.precision = precision or "fp32"
+        if self.precision not in steps.PRECISIONS:
+            raise ConfigurationError(f"precision: got {precision!r}, expected one of {steps.PRECISIONS}")
+        if scale_schedule_ratio <= 0:
+            raise ConfigurationError(f"scale_schedule_ratio: got {scale_schedule_ratio}, expected > 0")
+        schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
+            else [schedulers]
+        if scale_schedule_ratio != 1.0 and not schedulers:
+            raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
+                                     "(as in Composer), so pass schedulers=... too.")
+        self.max_duration = None if max_duration is None else _scale(_parse_max_duration(max_duration),
+                                                                      scale_schedule_ratio)
+        self.eval_interval = self._parse_eval_interval(eval_interval)
+        if device_train_microbatch_size is not None and device_train_microbatch_size <= 0:
+            raise ConfigurationError(f"device_train_microbatch_size: got {device_train_microbatch_size}, expected a "
+                                     "positive int that divides the batch size")
+        self.composed = compose(algorithms)  # raises on method conflicts
+        self.seed = int(seed) if seed is not None else random.randrange(2**31)
+        self.run_name = run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+        self.run_dir = Path(run_dir).absolute() if run_dir is not None else None
+        self.mesh = steps.make_mesh(devices)
+        self.num_devices = self.mesh.devices.size
+
+        self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
+        self.train_subset_num_batches = train_subset_num_batches
+        self.eval_subset_num_batches = eval_subset_num_batches
+        self.microbatch_size = device_train_microbatch_size
+        self.steps_per_epoch = _len_or_none(train_dataloader, train_subset_num_batches)
+        self.scale_schedule_ratio = scale_schedule_ratio
+
+        self.task = self.composed.apply_model(model)
+        base = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)
+        self.base_lr = getattr(base, "lr", None)
+        self.total_steps = self._total_steps()
+        alpha = compose_schedules(schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch,
+                                  ssr=scale_schedule_ratio)
+        self.lr_multiplier = alpha
+        self.tx = self.composed.wrap_tx(optax.chain(base, optax.scale_by_schedule(alpha)))
+
+        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+        if progress_bar:
+            loggers.append(ProgressBarLogger())
+        if log_to_console:
+            loggers.append(ConsoleLogger())
+        if self.run_dir is not None:  # file loggers create the directory at their first write, not now
+            loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
+                        PlotLogger(self.run_dir / "metrics.png")]
+        self.logger = Logger(loggers)
+        self.callbacks: list = callbacks + loggers
+
+        self._train_steps: dict = {}
+        self._eval_step = None
+        state = steps.init_train_state(self.task, self.tx, self.composed, self.seed, self.mesh)
+        self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, max_duration=self.max_duration,
+                              timestamp=Timestamp(), train_state=state, total_steps=self.total_steps,
+                              steps_per_epoch=self.steps_per_epoch, learning_rate=self._lr_at)
+        self._fire(Event.INIT)
+
+    # ---- public API ----
+    def fit(self) -> RunState:
+        if self.train_dataloader is None or self.max_duration is None:
+            missing = "train_dataloader" if self.train_dataloader is None else "max_duration"
+            raise ConfigurationError(f"{missing}: required to fit (e.g. max_duration='10ep').")
+        st = self.state
+        st.stop_requested = False
+        self._fire(Event.FIT_START)
+        last_eval_batch = -1
+        while not self._done() and not st.stop_requested:
+            if hasattr(self.train_dataloader, "set_epoch"):
+                self.train_dataloader.set_epoch(st.timestamp.epoch)
+            self._fire(Event.EPOCH_START)
+            epoch_start, seen = time.perf_counter(), 0
+            for i, batch in enumerate(self._device_batches(self.train_dataloader, self.train_subset_num_batches,
+                                                           check=True)):
+                self._fire(Event.BATCH_START)
+                t0 = time.perf_counter()
+                stage = self.composed.stage(int(st.timestamp.batch), self.total_steps)
+                n, seen = _batch_size(batch), seen + 1
+                st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage)
+                st.batch_size = n
+                st.timestamp = st.timestamp.to_next_batch(
+                    samples=n, tokens=self.task.num_tokens(batch),
+                    duration=datetime.timedelta(seconds=time.perf_counter() - t0))
+                st.batch_metrics = metrics
+                self.logger.set_step(st.timestamp.batch)
+                self.logger.log_metrics({"loss/train/total": metrics["loss"]})
+                self._fire(Event.BATCH_END)
+                if self._eval_due(TimeUnit.BATCH):
+                    self._run_eval()
+                    last_eval_batch = st.timestamp.batch
+                if self._done() or st.stop_requested:
+                    break
+            else:
+                if seen == 0:
+                    raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
+                st.timestamp = st.timestamp.to_next_epoch(
+                    duration=datetime.timedelta(seconds=time.perf_counter() - epoch_start))
+                self._fire(Event.EPOCH_END)
+                if self._eval_due(TimeUnit.EPOCH):
+                    self._run_eval()
+                    last_eval_batch = st.timestamp.batch
+                continue
+            break
+        if self.eval_dataloader is not None and self.eval_interval is not None \
+                and last_eval_batch != st.timestamp.batch:
+            self._run_eval()  # the final weights always get evaluated
+        self._fire(Event.FIT_END)
+        return st
+
+    def eval(self, eval_dataloader: Iterable | None = None, subset_num_batches: int = -1,
+             label: str = "eval") -> dict[str, float]:
+        loader = eval_dataloader if eval_dataloader is not None else self.eval_dataloader
+        if loader is None:
+            raise ConfigurationError("eval_dataloader: required to evaluate")
+        if self._eval_step is None:
+            self._eval_step = steps.jit_eval_step(
+                steps.make_eval_step(self.task, self.composed, precision=self.precision), self.mesh)
+        self._fire(Event.EVAL_START)
+        sums, count, pad_to = {}, 0.0, None
+        n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
+        for i, raw in enumerate(loader):
+            if n_batches >= 0 and i >= n_batches:
+                break
+            batch = as_batch(raw)
+            pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
+            batch, mask = _pad(batch, pad_to)
+            part, c = self._eval_step(self.state.train_state, batch, mask)
+            sums = {k: sums.get(k, 0.0) + v for k, v in part.items()}
+            count += c
+            self._fire(Event.EVAL_BATCH_END)
+        count = float(count)
+        if count == 0:
+            raise ConfigurationError("eval_dataloader: yielded no examples")
+        metrics = self.task.finalize({k: float(v) / count for k, v in sums.items()})
+        self.state.eval_metrics[label] = metrics
+        self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
+        self._fire(Event.EVAL_END)
+        return metrics
+
+    def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
+        fn = jax.jit(steps.make_predict_step(self.task, self.composed, precision=self.precision))
+        outputs = []
+        self._fire(Event.PREDICT_START)
+        for i, raw in enumerate(dataloader):
+            if subset_num_batches >= 0 and i >= subset_num_batches:
+                break
+            out = fn(self.state.train_state, as_batch(raw))
+            if return_outputs:
+                outputs.append(jax.tree.map(np.asarray, out))
+            self._fire(Event.PREDICT_BATCH_END)
+        self._fire(Event.PREDICT_END)
+        return outputs
+
+    def close(self) -> None:
+        for cb in self.callbacks:
+            cb.close(self.state, self.logger)
+
+    # ---- helpers ----
+    def _fire(self, event: Event) -> None:
+        self.composed.run_host(event, self.state)
+        for cb in self.callbacks:
+            cb.run_event(event, self.state, self.logger)
+
+    def _run_eval(self) -> None:
+        if self.eval_dataloader is not None:
+            self.eval()
+
+    def _done(self) -> bool:
+        ts = self.state.timestamp
+        return ts.get(self.max_duration.unit).value >= self.max_duration.value
+
+    def _eval_due(self, unit: TimeUnit) -> bool:
+        iv = self.eval_interval
+        if self.eval_dataloader is None or iv is None or iv.unit != unit:
+            return False
+        return self.state.timestamp.get(unit).value % iv.value == 0
+
+    def _lr_at(self, step: int) -> float | None:
+        return None if self.base_lr is None else float(self.base_lr * self.lr_multiplier(step))
+
+    def _step_for(self, batch_size: int):
+        """The jitted train step for a batch size (the number of microbatches is static: one compile each)."""
+        n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
+        if n not in self._train_steps:
+            fn = steps.make_train_step(self.task, self.tx, self.composed, precision=self.precision,
+                                       num_microbatches=n, total_steps=self.total_steps,
+                                       steps_per_epoch=self.steps_per_epoch, mesh=self.mesh)
+            self._train_steps[n] = steps.jit_train_step(fn, self.mesh)
+        return self._train_steps[n]
+
+    def _device_batches(self, loader: Iterable, subset: int, check: bool):
+        sharding = NamedSharding(self.mesh, P("data"))
+
+        def host_batches():
+            for i, raw in enumerate(loader):
+                if subset >= 0 and i >= subset:
+                    return
+                batch = as_batch(raw)
+                if check:
+                    self._check_train_batch(batch)
+                yield batch
+
+        return prefetch_to_device(host_batches(), size=2, sharding=sharding)
+
+    def _check_train_batch(self, batch: dict) -> None:
+        n = _batch_size(batch)
+        if n % self.num_devices:
+            raise ConfigurationError(
+                f"train batch size {n} is not divisible by the {self.num_devices} devices of the data axis; "
+                "use a multiple of the device count (or drop_last=True so the last batch is full).")
+        if self.microbatch_size is not None and (n % self.microbatch_size
+                                                 or self.microbatch_size % self.num_devices):
+            raise ConfigurationError(
+                f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "
+                f"multiple of the device count {self.num_devices}.")
+
+    def _total_steps(self) -> int:
+        md = self.max_duration
+        if md is None:
+            return 1
+        batch_size = getattr(self.train_dataloader, "batch_size", None)
+        try:
+            return max(1, to_batches(md, steps_per_epoch=self.steps_per_epoch, max_batches=None,
+                                     batch_size=batch_size))
+        except ValueError as e:
+            raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
+
+    def _parse_eval_interval(self, value) -> Time | None:
+        if value in (0, "0", None):
+            return None
+        try:
+            iv = Time.from_input(value, TimeUnit.EPOCH)
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"eval_interval: {e}") from e
+        if iv.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or iv.value <= 0:
+            raise ConfigurationError(f"eval_interval: got {value!r}, expected a positive number of epochs or batches "
+                                     "such as '1ep' or '500ba' (0 disables evaluation)")
+        return iv
+
+
+def _parse_max_duration(value) -> Time:
+    try:
+        t = Time.from_input(value, TimeUnit.EPOCH)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"max_duration: {e}") from e
+    if t.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN) or t.value <= 0:
+        raise ConfigurationError(f"max_duration: got {value!r}, expected a positive duration in ep, ba, sp or tok "
+                                 "such as '10ep' or '500ba'")
+    return t
+
+
+def _scale(t: Time, ssr: float) -> Time:
+    if ssr == 1.0:
+        return t
+    value = t.value * ssr if t.unit == TimeUnit.DURATION else int(t.value * ssr)
+    if value == 0:
+        raise ConfigurationError(f"scale_schedule_ratio: {ssr} scales max_duration {t.to_timestring()} to zero")
+    return Time(value, t.unit)
+
+
+def _len_or_none(loader, subset: int) -> int | None:
+    try:
+        n = len(loader)
+    except TypeError:
+        return None if subset < 0 else subset
+    return n if subset < 0 else min(n, subset)
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _pad(batch: dict, size: int):
+    n = _batch_size(batch)
+    if n > size:
+        raise ConfigurationError(f"eval batch of {n} examples is larger than the first eval batch ({size}); "
+                                 "eval loaders must yield batches no larger than their first one")
+    mask = np.zeros((size,), np.float32)
+    mask[:n] = 1.0
+    if n == size:
+        return batch, mask
+    return {k: np.concatenate([np.asarray(v), np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}, mask

@@ -1,0 +1,100 @@
+"""Shared helpers for the per-method tests (DESIGN §7).
+
+``EXAMPLE_METHODS`` builds one representative configuration of each method: the pairwise composition test uses it
+now, and the trainer tests (items 3-4: two steps in the Trainer, resume equality) can parametrize over it later.
+``dummy_step`` is a minimal pure train step that touches every slot a method can fill.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxcomposer import algorithms
+from jaxcomposer.core.method import Composed, StepCtx
+from jaxcomposer.core.model import soft_cross_entropy
+
+NUM_CLASSES = 5
+IMAGE_SHAPE = (8, 8, 3)  # NHWC without the batch axis
+
+# name -> zero-argument factory; small half-life and threshold so the effects show within a few steps.
+EXAMPLE_METHODS = {
+    "LabelSmoothing": lambda: algorithms.LabelSmoothing(smoothing=0.1),
+    "MixUp": lambda: algorithms.MixUp(alpha=0.2),
+    "CutOut": lambda: algorithms.CutOut(num_holes=1, length=0.5),
+    "GradientClipping": lambda: algorithms.GradientClipping(clipping_type="norm", clipping_threshold=0.1),
+    "EMA": lambda: algorithms.EMA(half_life="2ba"),
+}
+
+
+def make_ctx(step, key=None, *, total_steps: int = 10, steps_per_epoch: int | None = None) -> StepCtx:
+    step = jnp.asarray(step, jnp.int32)
+    return StepCtx(step=step, progress=step.astype(jnp.float32) / total_steps,
+                   key=jax.random.PRNGKey(0) if key is None else key, total_steps=total_steps,
+                   steps_per_epoch=steps_per_epoch)
+
+
+def make_batch(key, batch_size: int = 4) -> dict:
+    kx, ky = jax.random.split(key)
+    return {"input": jax.random.normal(kx, (batch_size,) + IMAGE_SHAPE),
+            "target": jax.random.randint(ky, (batch_size,), 0, NUM_CLASSES)}
+
+
+def init_model(key):
+    """A linear classifier with a BatchNorm-like running mean and an integer counter as model state."""
+    d = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+    params = {"dense": {"kernel": 0.1 * jax.random.normal(key, (d, NUM_CLASSES)),
+                        "bias": jnp.zeros((NUM_CLASSES,))}}
+    state = {"mean": jnp.zeros((NUM_CLASSES,)), "count": jnp.zeros((), jnp.int32)}
+    return params, state
+
+
+def apply_model(params, state, x):
+    logits = x.reshape(x.shape[0], -1) @ params["dense"]["kernel"] + params["dense"]["bias"][None, :]
+    new_state = {"mean": 0.9 * state["mean"] + 0.1 * logits.mean(0), "count": state["count"] + 1}
+    return logits, new_state
+
+
+def dummy_step(composed: Composed, tx: optax.GradientTransformation, carry: dict, batch: dict, step,
+               base_key, *, total_steps: int = 10) -> tuple[dict, jax.Array]:
+    """One pure train step through every slot: batch, loss, tx, post_step. ``carry`` = params/state/opt/extras."""
+    ctx = make_ctx(step, total_steps=total_steps)
+    batch = composed.apply_batch(batch, ctx, base_key)
+    loss_fn = composed.wrap_loss(lambda outputs, b: soft_cross_entropy(outputs, b["target"]))
+
+    def objective(params):
+        outputs, new_state = apply_model(params, carry["state"], batch["input"])
+        return loss_fn(outputs, batch).mean(), new_state
+
+    (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(carry["params"])
+    updates, opt = tx.update(grads, carry["opt"], carry["params"])
+    params = optax.apply_updates(carry["params"], updates)
+    extras = composed.update_extras(carry["extras"], params, new_state, ctx, base_key)
+    return {"params": params, "state": new_state, "opt": opt, "extras": extras}, loss
+
+
+def init_carry(composed: Composed, tx: optax.GradientTransformation, key) -> dict:
+    params, state = init_model(key)
+    return {"params": params, "state": state, "opt": tx.init(params), "extras": composed.init_extras(params, state)}
+
+
+def check_composes_with(name: str, other: str, key) -> None:
+    """DESIGN §7 item 5 for the ordered pair ``[name, other]``; each method's file checks it listed first, so
+    both orders are covered across the files. A method paired with itself must be rejected as a duplicate."""
+    import numpy as np
+    import pytest
+
+    from jaxcomposer.core.method import compose
+
+    if name == other:
+        with pytest.raises(ValueError, match="more than once"):
+            compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[name]()])
+        return
+    composed = compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[other]()])
+    tx = composed.wrap_tx(optax.sgd(0.1))
+    carry = init_carry(composed, tx, key)
+    step = jax.jit(lambda c, b, s: dummy_step(composed, tx, c, b, s, key))
+    for s in range(2):
+        carry, loss = step(carry, make_batch(jax.random.fold_in(key, s)), s)
+        assert np.isfinite(loss), (name, other, s)
+    assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(carry)), (name, other)

@@ -1,0 +1,97 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
+from jaxcomposer.algorithms import LabelSmoothing, smooth_labels
+from jaxcomposer.core.model import soft_cross_entropy
+
+
+def _loss(outputs, batch):
+    return soft_cross_entropy(outputs, batch["target"])
+
+
+# (1) functional numerics ----------------------------------------------------------------------------------------
+
+def test_hand_checked_values():
+    logits = jnp.zeros((2, 4))
+    out = smooth_labels(logits, jnp.array([0, 3]), smoothing=0.2)
+    expected = np.array([[0.85, 0.05, 0.05, 0.05], [0.05, 0.05, 0.05, 0.85]])
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_identity_and_sum_to_one(key):
+    logits = jax.random.normal(key, (6, 7))
+    y = jnp.arange(6) % 7
+    np.testing.assert_array_equal(smooth_labels(logits, y, 0.0), jax.nn.one_hot(y, 7))
+    for s in (0.0, 0.1, 0.5, 0.9):
+        np.testing.assert_allclose(smooth_labels(logits, y, s).sum(-1), 1.0, rtol=1e-6)
+
+
+def test_dense_targets_pass_through(key):
+    t = jax.nn.softmax(jax.random.normal(key, (3, 4)))
+    np.testing.assert_allclose(smooth_labels(jnp.zeros((3, 4)), t, 0.1), 0.9 * t + 0.025, rtol=1e-6)
+
+
+def test_spatial_targets():
+    # Segmentation layout: logits (B, H, W, C), index targets (B, H, W); class axis last.
+    out = smooth_labels(jnp.zeros((1, 2, 2, 3)), jnp.zeros((1, 2, 2), jnp.int32), 0.3)
+    assert out.shape == (1, 2, 2, 3)
+    np.testing.assert_allclose(out[..., 0], 0.8, rtol=1e-6)
+
+
+def test_matches_torch_label_smoothing_cross_entropy(key):
+    k1, k2 = jax.random.split(key)
+    logits = jax.random.normal(k1, (16, 10)) * 3
+    y = jax.random.randint(k2, (16,), 0, 10)
+    for s in (0.0, 0.1, 0.35):
+        ours = soft_cross_entropy(logits, smooth_labels(logits, y, s))
+        ref = torch.nn.functional.cross_entropy(torch.tensor(np.asarray(logits)), torch.tensor(np.asarray(y)).long(),
+                                                label_smoothing=s, reduction="none")
+        np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-5, atol=1e-6)
+        # Composer's formula, written in torch, for the targets themselves.
+        t = torch.nn.functional.one_hot(torch.tensor(np.asarray(y)).long(), 10).float() * (1 - s) + s / 10
+        np.testing.assert_allclose(smooth_labels(logits, y, s), t.numpy(), rtol=1e-6)
+
+
+def test_factory_validates():
+    for bad in (-0.1, 1.0, 1.5):
+        with pytest.raises(ValueError, match="smoothing"):
+            LabelSmoothing(smoothing=bad)
+
+
+def test_loss_wrapper_leaves_batch_untouched(key):
+    m = LabelSmoothing(0.1)
+    batch = {"target": jnp.array([1, 2]), "input": jnp.zeros((2, 3))}
+    logits = jax.random.normal(key, (2, 3))
+    got = m.loss(_loss)(logits, batch)
+    np.testing.assert_allclose(got, soft_cross_entropy(logits, smooth_labels(logits, batch["target"], 0.1)), rtol=1e-6)
+    assert batch["target"].dtype == jnp.int32  # the caller's batch keeps its labels (metrics use them)
+
+
+# (2) jit == eager, no retrace -------------------------------------------------------------------------------------
+
+def test_jit_equals_eager_and_no_retrace(key):
+    wrapped = LabelSmoothing(0.1).loss(_loss)
+    traces = []
+
+    def f(logits, batch):
+        traces.append(1)  # runs once per trace, never per call
+        return wrapped(logits, batch)
+
+    jf = jax.jit(f)
+    for step in range(5):
+        k1, k2 = jax.random.split(jax.random.fold_in(key, step))
+        logits = jax.random.normal(k1, (4, 5))
+        batch = {"target": jax.random.randint(k2, (4,), 0, 5)}
+        np.testing.assert_allclose(jf(logits, batch), wrapped(logits, batch), rtol=1e-6)
+    assert len(traces) == 1
+
+
+# (5) composition ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
+def test_composes_pairwise(other, key):
+    check_composes_with("LabelSmoothing", other, key)

@@ -1,0 +1,135 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcomposer.algorithms import MixUp, mixup_batch
+from jaxcomposer.algorithms.mixup import MIXING_KEY, TARGET_PERM_KEY
+from jaxcomposer.core.method import Method, MethodConflictError, compose
+from jaxcomposer.core.model import soft_cross_entropy
+from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+
+
+def _loss(outputs, batch):
+    return soft_cross_entropy(outputs, batch["target"])
+
+
+# (1) functional numerics ----------------------------------------------------------------------------------------
+
+def test_hand_checked_mix():
+    x = jnp.array([[0.0], [10.0], [20.0]])
+    y = jnp.array([0, 1, 2])
+    mixed, y_perm, lam = mixup_batch(x, y, mixing=0.25, indices=jnp.array([2, 0, 1]))
+    np.testing.assert_allclose(mixed, [[5.0], [7.5], [17.5]], rtol=1e-6)  # 0.75 * x + 0.25 * x[perm]
+    np.testing.assert_array_equal(y_perm, [2, 0, 1])
+    assert float(lam) == 0.25
+
+
+def test_alpha_zero_is_identity(key):
+    x = jax.random.normal(key, (4, 3, 3, 2))
+    mixed, _, lam = mixup_batch(x, jnp.arange(4), key, alpha=0.0)
+    assert float(lam) == 0.0
+    np.testing.assert_array_equal(mixed, x)
+
+
+def test_lambda_at_most_half_and_key_determinism(key):
+    x = jnp.arange(8.0).reshape(8, 1)
+    draw = jax.jit(jax.vmap(lambda k: mixup_batch(x, jnp.arange(8), k, alpha=1.0)[2]))
+    lams = draw(jax.random.split(key, 512))
+    assert float(lams.max()) <= 0.5 and float(lams.min()) >= 0.0
+    assert float(lams.mean()) > 0.15  # Beta(1, 1) folded: mean 0.25, not stuck at 0
+    a = mixup_batch(x, jnp.arange(8), key)
+    b = mixup_batch(x, jnp.arange(8), key)
+    c = mixup_batch(x, jnp.arange(8), jax.random.fold_in(key, 1))
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(a[0], c[0])
+    assert sorted(np.asarray(a[1]).tolist()) == list(range(8))  # a permutation
+
+
+def test_layout_agnostic(key):
+    x = jax.random.normal(key, (4, 5, 6, 3))
+    nhwc = mixup_batch(x, jnp.arange(4), key)[0]
+    nchw = mixup_batch(jnp.transpose(x, (0, 3, 1, 2)), jnp.arange(4), key)[0]
+    np.testing.assert_allclose(jnp.transpose(nchw, (0, 2, 3, 1)), nhwc, rtol=1e-6)
+
+
+def test_bf16_stays_bf16(key):
+    x = jax.random.normal(key, (4, 2)).astype(jnp.bfloat16)
+    assert mixup_batch(x, jnp.arange(4), key)[0].dtype == jnp.bfloat16
+
+
+def test_errors(key):
+    with pytest.raises(ValueError, match="alpha"):
+        MixUp(alpha=-1)
+    with pytest.raises(ValueError, match="key"):
+        mixup_batch(jnp.zeros((2, 1)), jnp.arange(2))
+
+
+def test_batch_slot_and_target_interpolation(key):
+    m = MixUp(alpha=1.0)
+    batch = make_batch(key, batch_size=6)
+    out = m.batch(batch, make_ctx(0, key))
+    assert out[MIXING_KEY].shape == (6,) and out[TARGET_PERM_KEY].shape == (6,)
+    np.testing.assert_array_equal(out["target"], batch["target"])  # the labels are mixed in the loss, not here
+    lam = out[MIXING_KEY]
+    logits = jax.random.normal(key, (6, 5))
+    expected_t = ((1 - lam)[:, None] * jax.nn.one_hot(batch["target"], 5)
+                  + lam[:, None] * jax.nn.one_hot(out[TARGET_PERM_KEY], 5))
+    np.testing.assert_allclose(m.loss(_loss)(logits, out), soft_cross_entropy(logits, expected_t), rtol=1e-6)
+    # Cross-entropy is linear in the target, so interpolate_loss=True gives the same numbers.
+    np.testing.assert_allclose(MixUp(alpha=1.0, interpolate_loss=True).loss(_loss)(logits, out),
+                               m.loss(_loss)(logits, out), rtol=1e-5)
+    # Per-example keys: splitting along axis 0 (microbatches) gives the same per-example losses.
+    halves = [{k: v[s] for k, v in out.items()} for s in (slice(0, 3), slice(3, 6))]
+    parts = [m.loss(_loss)(logits[s], h) for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
+    np.testing.assert_allclose(jnp.concatenate(parts), m.loss(_loss)(logits, out), rtol=1e-6)
+
+
+def test_loss_is_identity_without_mixup_keys(key):
+    batch = make_batch(key)
+    logits = jax.random.normal(key, (4, 5))
+    for interp in (False, True):
+        np.testing.assert_array_equal(MixUp(interpolate_loss=interp).loss(_loss)(logits, batch), _loss(logits, batch))
+
+
+def test_inner_loss_does_not_see_mixup_keys(key):
+    seen = []
+    inner = lambda o, b: (seen.append(sorted(b)), _loss(o, b))[1]
+    out = MixUp().batch(make_batch(key), make_ctx(0, key))
+    MixUp(interpolate_loss=True).loss(inner)(jnp.zeros((4, 5)), out)
+    assert seen and all(not any(k.startswith("mixup/") for k in keys) for keys in seen)
+
+
+# (2) jit == eager, no retrace -------------------------------------------------------------------------------------
+
+def test_jit_equals_eager_and_no_retrace(key):
+    m = MixUp(alpha=0.4)
+    traces = []
+
+    def step(batch, step_idx, k):
+        traces.append(1)
+        out = m.batch(batch, make_ctx(step_idx, k))
+        logits = out["input"].reshape(out["input"].shape[0], -1)[:, :5]
+        return out, m.loss(_loss)(logits, out)
+
+    jstep = jax.jit(step)
+    for i in range(4):
+        k = jax.random.fold_in(key, i)
+        batch = make_batch(k)
+        (jo, jl), (eo, el) = jstep(batch, i, k), step(batch, i, k)
+        np.testing.assert_allclose(jo["input"], eo["input"], rtol=1e-6, atol=1e-6)  # XLA fuses to FMAs
+        np.testing.assert_allclose(jl, el, rtol=1e-5)
+    assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
+
+
+# (5) composition ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
+def test_composes_pairwise(other, key):
+    check_composes_with("MixUp", other, key)
+
+
+def test_conflicts_with_other_target_interpolation():
+    with pytest.raises(MethodConflictError, match="interpolate targets"):
+        compose([MixUp(), Method(name="x", interpolates_targets=True)])

@@ -1,0 +1,106 @@
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jaxcomposer.callbacks import LRMonitor, NaNMonitor, NonFiniteLossError, SpeedMonitor
+from jaxcomposer.core.events import Event
+from jaxcomposer.loggers import InMemoryLogger, Logger
+from tests.loggers.helpers import FakeClock, accuracy_eval, fake_fit, make_state
+
+
+def test_speed_monitor_excludes_first_batch_and_eval_time():
+    clock, mem = FakeClock(), InMemoryLogger()
+    speed = SpeedMonitor(window_size=100, clock=clock)
+    state = make_state(batch_size=16)
+    logger = Logger([mem])
+    speed.run_event(Event.FIT_START, state, logger)
+    for step in range(1, 21):
+        clock.advance(30.0 if step == 1 else 0.25)  # the first step compiles
+        state.timestamp = state.timestamp.to_next_batch(samples=16, tokens=16 * 128)
+        logger.set_step(step)
+        speed.run_event(Event.BATCH_END, state, logger)
+        if step == 10:  # a long evaluation must not count as training time
+            speed.run_event(Event.EVAL_START, state, logger)
+            clock.advance(100.0)
+            speed.run_event(Event.EVAL_END, state, logger)
+    data = mem.data
+    assert data["throughput/batches_per_sec"][0][0] == 2  # nothing logged at step 1
+    assert all(v == pytest.approx(4.0) for _, v in data["throughput/batches_per_sec"])
+    assert all(v == pytest.approx(64.0) for _, v in data["throughput/samples_per_sec"])
+    assert mem.most_recent_values["throughput/tokens_per_sec"] == pytest.approx(64.0 * 128)
+
+
+def test_speed_monitor_sliding_window():
+    clock, mem = FakeClock(), InMemoryLogger()
+    speed = SpeedMonitor(window_size=4, clock=clock)
+    state = make_state(batch_size=2)
+    logger = Logger([mem])
+    for step in range(1, 13):
+        clock.advance(1.0 if step <= 6 else 0.5)  # twice as fast from step 7 on
+        state.timestamp = state.timestamp.to_next_batch(samples=2)
+        speed.run_event(Event.BATCH_END, state, logger)
+    # The last 4 batches took 0.5 s each: the window forgets the slow ones.
+    assert mem.most_recent_values["throughput/batches_per_sec"] == pytest.approx(2.0)
+    assert mem.most_recent_values["throughput/samples_per_sec"] == pytest.approx(4.0)
+    assert "throughput/tokens_per_sec" not in mem.data
+    with pytest.raises(ValueError, match="window_size"):
+        SpeedMonitor(window_size=0)
+
+
+def test_lr_monitor_float_schedule_and_none():
+    mem = InMemoryLogger()
+    schedule = optax.linear_schedule(1.0, 0.0, transition_steps=10)
+    fake_fit([LRMonitor(), mem], make_state(learning_rate=schedule), [1.0] * 5, eval_every=None)
+    # The rate each finished step used: schedule(0) for step 1, ..., schedule(4) for step 5.
+    assert mem.data["lr"] == [(s, pytest.approx(1.0 - 0.1 * (s - 1))) for s in range(1, 6)]
+
+    mem = InMemoryLogger()
+    fake_fit([LRMonitor(), mem], make_state(learning_rate=3e-4), [1.0] * 3, eval_every=None)
+    assert mem.data["lr"] == [(1, 3e-4), (2, 3e-4), (3, 3e-4)]
+
+    mem = InMemoryLogger()
+    fake_fit([LRMonitor(), mem], make_state(learning_rate=None), [1.0] * 3, eval_every=None)
+    assert "lr" not in mem.data
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_monitor_raises_naming_step(bad):
+    losses = [1.0] * 6 + [bad] + [1.0] * 13
+    state = make_state()
+    with pytest.raises(NonFiniteLossError, match=r"'loss' is -?(nan|inf) at step 7") as info:
+        fake_fit([NaNMonitor()], state, losses, eval_every=None)
+    assert isinstance(info.value, RuntimeError)
+    assert state.timestamp.batch == 7
+
+
+def test_nan_monitor_device_values_and_finite_run():
+    with pytest.raises(NonFiniteLossError, match="at step 3"):
+        fake_fit([NaNMonitor()], make_state(), [jnp.asarray(1.0), jnp.asarray(2.0), jnp.log(jnp.asarray(-1.0))],
+                 eval_every=None)
+    fake_fit([NaNMonitor()], make_state(), [jnp.asarray(float(i)) for i in range(20)],
+             eval_fn=accuracy_eval([0.1] * 4))  # no error
+
+
+class Pending:
+    def __init__(self, value):
+        self.value, self.ready = value, False
+
+    def is_ready(self):
+        return self.ready
+
+    def __float__(self):
+        return self.value
+
+
+def test_nan_monitor_lags_at_most_one_step_and_checks_all_at_fit_end():
+    mon, state = NaNMonitor(max_lag=1), make_state()
+    logger = Logger([])
+    values = [Pending(1.0), Pending(float("nan"))]
+    for v in values:
+        state.timestamp = state.timestamp.to_next_batch(samples=8)
+        state.batch_metrics = {"loss": v}
+        mon.run_event(Event.BATCH_END, state, logger)  # step 1 is forced when step 2 is queued: fine
+    with pytest.raises(NonFiniteLossError, match="at step 2"):
+        mon.run_event(Event.FIT_END, state, logger)
+    with pytest.raises(ValueError, match="monitor"):
+        NaNMonitor(monitor="")

@@ -1,0 +1,133 @@
+import operator
+
+import pytest
+
+from jaxcomposer.callbacks import EarlyStopper, ThresholdStopper
+from jaxcomposer.callbacks.stoppers import infer_comp
+from jaxcomposer.core.events import Event
+from jaxcomposer.loggers import Logger
+from tests.loggers.helpers import fake_fit, make_state
+
+
+def run_evals(stopper, values, name="accuracy", label="eval", eval_every=2):
+    """Evaluate every ``eval_every`` batches with successive ``values``; returns (state, number of evals run)."""
+    state = make_state(total_steps=eval_every * len(values), steps_per_epoch=eval_every)
+    seen = []
+
+    def eval_fn(i):
+        seen.append(i)
+        return {name: values[i]}
+
+    fake_fit([stopper], state, [1.0] * (eval_every * len(values)), eval_every=eval_every, eval_fn=eval_fn,
+             label=label)
+    return state, len(seen)
+
+
+@pytest.mark.parametrize("patience", [1, 2, 3])
+def test_early_stopper_stops_after_exactly_patience_bad_evals(patience):
+    # Best 0.6 at eval 2 (index 1); evals 3.. never improve.
+    values = [0.5, 0.6, 0.6, 0.55, 0.59, 0.58, 0.4, 0.3]
+    state, n = run_evals(EarlyStopper("accuracy", patience=patience), values)
+    assert state.stop_requested and n == 2 + patience
+    assert "eval/accuracy did not improve" in state.stop_reason and "0.6" in state.stop_reason
+
+
+def test_early_stopper_not_before_patience_and_resets_on_improvement():
+    values = [0.5, 0.4, 0.45, 0.7, 0.69, 0.68, 0.8, 0.79]
+    state, n = run_evals(EarlyStopper("accuracy", patience=3), values)
+    assert not state.stop_requested and n == len(values)
+
+
+def test_early_stopper_min_delta_and_loss_direction():
+    # Gains of 0.005 are within min_delta, so they are not improvements.
+    state, n = run_evals(EarlyStopper("accuracy", min_delta=0.01, patience=2), [0.5, 0.505, 0.509, 0.9])
+    assert state.stop_requested and n == 3
+    # cross_entropy is minimised: going down is improving, so no stop.
+    state, n = run_evals(EarlyStopper("cross_entropy", patience=1), [3.0, 2.0, 1.0, 0.5], name="cross_entropy")
+    assert not state.stop_requested
+    state, n = run_evals(EarlyStopper("cross_entropy", patience=1), [3.0, 2.0, 2.5], name="cross_entropy")
+    assert state.stop_requested and n == 3
+
+
+def test_early_stopper_time_patience_in_epochs():
+    # One eval per epoch (2 batches each). Composer's rule: stop once more than 2 epochs passed since the best.
+    stopper = EarlyStopper("accuracy", patience="2ep")
+    state, n = run_evals(stopper, [0.9, 0.1, 0.1, 0.1, 0.1, 0.1])
+    assert state.stop_requested and n == 4 and "patience 2ep" in state.stop_reason
+    stopper = EarlyStopper("accuracy", patience="5ba")
+    state, n = run_evals(stopper, [0.9, 0.1, 0.1, 0.1, 0.1, 0.1])
+    assert state.stop_requested and n == 4  # 6 batches since the best at batch 2
+
+
+def test_early_stopper_train_label_reads_batch_metrics():
+    state = make_state()
+    fake_fit([EarlyStopper("loss", dataloader_label="train", patience=3)], state,
+             [5.0, 4.0, 3.0, 3.5, 3.2, 3.1, 2.0], eval_every=None)
+    assert state.stop_requested and state.timestamp.batch == 6
+
+
+def test_early_stopper_ignores_other_evaluators():
+    stopper, state, logger = EarlyStopper("accuracy", dataloader_label="val", patience=2), make_state(), Logger()
+    state.eval_metrics["val"] = {"accuracy": 0.5}
+    stopper.run_event(Event.EVAL_END, state, logger)
+    for _ in range(3):  # EVAL_END of another evaluator: same 'val' dict, must not count again
+        state.eval_metrics["other"] = {"accuracy": 0.1}
+        stopper.run_event(Event.EVAL_END, state, logger)
+    assert stopper.bad_readings == 0 and not state.stop_requested
+    state.eval_metrics["val"] = {"loss": 1.0}
+    with pytest.raises(ValueError, match="'accuracy' is not among the metrics of evaluator 'val'"):
+        stopper.run_event(Event.EVAL_END, state, logger)
+
+
+def test_threshold_stopper_first_eval_reaching_threshold():
+    state, n = run_evals(ThresholdStopper("accuracy", "eval", 0.75), [0.5, 0.7, 0.75, 0.9])
+    assert state.stop_requested and n == 3 and state.timestamp.batch == 6
+    assert state.stop_reason == "ThresholdStopper: eval/accuracy=0.75 reached the threshold 0.75 at step 6."
+    state, n = run_evals(ThresholdStopper("accuracy", threshold=0.95), [0.5, 0.7, 0.75, 0.9])
+    assert not state.stop_requested and n == 4
+    state, n = run_evals(ThresholdStopper("cross_entropy", threshold=1.0), [3.0, 1.5, 0.9, 0.5], name="cross_entropy")
+    assert state.stop_requested and n == 3
+
+
+def test_threshold_stopper_train():
+    state = make_state()
+    fake_fit([ThresholdStopper("loss", "train", 1.0, stop_on_batch=True)], state, [3.0, 2.0, 0.9, 0.5] + [0.1] * 16,
+             eval_every=None)
+    assert state.stop_requested and state.timestamp.batch == 3
+    state = make_state(steps_per_epoch=5)
+    fake_fit([ThresholdStopper("loss", "train", 1.0)], state, [3.0, 2.0, 0.9, 0.5, 0.4] + [0.1] * 15,
+             eval_every=None)
+    assert state.stop_requested and state.timestamp.batch == 5  # checked at EPOCH_END
+
+
+def test_comp_inference_and_explicit():
+    assert infer_comp("accuracy", None) == "greater"
+    assert infer_comp("MulticlassAccuracy", None) == "greater"
+    for name in ("loss", "cross_entropy", "perplexity", "error_rate", "val_nll"):
+        assert infer_comp(name, None) == "less"
+    assert infer_comp("loss", "gt") == "greater" and infer_comp("accuracy", "LESS") == "less"
+    assert infer_comp("x", operator.ge) is operator.ge
+    state, n = run_evals(EarlyStopper("loss", comp="greater", patience=1), [1.0, 2.0, 1.5], name="loss")
+    assert state.stop_requested and n == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(monitor=""), "monitor"),
+    (dict(monitor="acc", dataloader_label=""), "dataloader_label"),
+    (dict(monitor="acc", comp="bigger"), "comp"),
+    (dict(monitor="acc", patience=0), "patience"),
+    (dict(monitor="acc", patience=True), "patience"),
+    (dict(monitor="acc", patience="0.5dur"), "'ep' or 'ba'"),
+    (dict(monitor="acc", patience=1.5), "patience"),
+    (dict(monitor="acc", min_delta=float("nan")), "min_delta"),
+])
+def test_early_stopper_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EarlyStopper(**kwargs)
+
+
+def test_threshold_stopper_validation():
+    with pytest.raises(ValueError, match="threshold is required"):
+        ThresholdStopper("accuracy")
+    with pytest.raises(ValueError, match="comp"):
+        ThresholdStopper("accuracy", threshold=0.5, comp=3)

@@ -1,0 +1,248 @@
+"""Time, Timestamp and to_batches follow Composer's semantics (composer.md §2.2)."""
+import copy
+import datetime
+import json
+import pickle
+
+import pytest
+
+from jaxcomposer.core.time import Time, Timestamp, TimeUnit, to_batches
+
+
+@pytest.mark.parametrize(
+    "text, value, unit",
+    [
+        ("10ep", 10, TimeUnit.EPOCH),
+        ("500ba", 500, TimeUnit.BATCH),
+        ("0.5dur", 0.5, TimeUnit.DURATION),
+        ("1dur", 1.0, TimeUnit.DURATION),
+        ("3_0e10sp", 300_000_000_000, TimeUnit.SAMPLE),
+        ("3e4tok", 30_000, TimeUnit.TOKEN),
+        ("2iter", 2, TimeUnit.ITERATION),
+        ("30sec", 30, TimeUnit.SECOND),
+        ("1h20m40s", 4840, TimeUnit.SECOND),
+        ("2h", 7200, TimeUnit.SECOND),
+        ("5m", 300, TimeUnit.SECOND),
+        ("45s", 45, TimeUnit.SECOND),
+        ("12EP", 12, TimeUnit.EPOCH),
+        (" 7ba ", 7, TimeUnit.BATCH),
+    ],
+)
+def test_parse_table(text, value, unit):
+    t = Time.from_timestring(text)
+    assert t.unit is unit
+    assert t.value == value
+    assert type(t.value) is (float if unit == TimeUnit.DURATION else int)
+
+
+def test_scientific_samples_exact():
+    t = Time.from_timestring("3_0e10sp")
+    assert t == Time(300_000_000_000, "sp")
+    assert isinstance(t.value, int)
+
+
+def test_fractional_non_duration_raises_type_error():
+    with pytest.raises(TypeError, match="integer"):
+        Time.from_timestring("1.5ep")
+    with pytest.raises(TypeError):
+        Time(2.5, "ba")
+    assert Time(3.0, "ba").value == 3 and isinstance(Time(3.0, "ba").value, int)
+
+
+@pytest.mark.parametrize("bad", ["10epochs", "ep", "", "10", "1.2.3ba", "h", "10 ep ba"])
+def test_unparseable_raises_value_error_with_help(bad):
+    with pytest.raises(ValueError) as info:
+        Time.from_timestring(bad)
+    msg = str(info.value)
+    assert repr(bad) in msg
+    for unit in ("'ep'", "'ba'", "'dur'", "'sp'", "'tok'", "'iter'", "'sec'"):
+        assert unit in msg
+    assert "'10ep'" in msg and "'500ba'" in msg and "'0.5dur'" in msg
+
+
+def test_unknown_unit_in_constructor():
+    with pytest.raises(ValueError, match="valid units"):
+        Time(3, "epochs")
+
+
+@pytest.mark.parametrize("text", ["10ep", "500ba", "0.5dur", "0.125dur", "4840sec", "300000000000sp", "7tok", "2iter"])
+def test_timestring_round_trip(text):
+    t = Time.from_timestring(text)
+    assert t.to_timestring() == text
+    assert Time.from_timestring(t.to_timestring()) == t
+
+
+def test_negative_round_trip():
+    t = -Time(5, "ba")
+    assert Time.from_timestring(t.to_timestring()) == t
+
+
+def test_constructors_and_repr():
+    assert Time.from_epoch(3) == Time(3, TimeUnit.EPOCH)
+    assert Time.from_batch(3).unit is TimeUnit.BATCH
+    assert Time.from_sample(3).unit is TimeUnit.SAMPLE
+    assert Time.from_token(3).unit is TimeUnit.TOKEN
+    assert Time.from_duration(0.25).value == 0.25
+    assert Time.from_iteration(1).unit is TimeUnit.ITERATION
+    assert Time.from_second(9).unit is TimeUnit.SECOND
+    assert repr(Time(10, "ep")) == "Time(10, TimeUnit.EPOCH)"
+    assert repr(Time(0.5, "dur")) == "Time(0.5, TimeUnit.DURATION)"
+    assert TimeUnit("ep") == "ep"
+
+
+def test_from_input():
+    t = Time(4, "ba")
+    assert Time.from_input(t) is t
+    assert Time.from_input("2ep") == Time(2, "ep")
+    assert Time.from_input(3, default_int_unit="ep") == Time(3, "ep")
+    assert Time.from_input(3, TimeUnit.BATCH) == Time(3, "ba")
+    with pytest.raises(ValueError, match="default_int_unit"):
+        Time.from_input(3)
+    with pytest.raises(TypeError):
+        Time.from_input([3])
+
+
+def test_immutable_hashable_picklable():
+    t = Time(3, "ep")
+    with pytest.raises(AttributeError):
+        t.value = 4
+    assert {t: 1}[Time(3, "ep")] == 1
+    assert len({Time(3, "ep"), Time(3, "ep"), Time(4, "ep")}) == 2
+    assert pickle.loads(pickle.dumps(t)) == t
+    assert copy.deepcopy(t) == t
+
+
+def test_add_sub_mod_same_unit_and_numbers():
+    assert Time(3, "ep") + Time(2, "ep") == Time(5, "ep")
+    assert Time(3, "ep") - Time(2, "ep") == Time(1, "ep")
+    assert Time(7, "ba") % Time(3, "ba") == Time(1, "ba")
+    assert Time(3, "ep") + 2 == Time(5, "ep")
+    assert 2 + Time(3, "ep") == Time(5, "ep")
+    assert 10 - Time(3, "ba") == Time(7, "ba")
+    assert Time(3, "ep") + "2ep" == Time(5, "ep")
+    assert Time(0.25, "dur") + 0.5 == Time(0.75, "dur")
+
+
+@pytest.mark.parametrize("op", ["+", "-", "%"])
+def test_mixed_units_raise(op):
+    a, b = Time(3, "ep"), Time(2, "ba")
+    with pytest.raises(RuntimeError, match="units differ"):
+        eval(f"a {op} b")
+
+
+def test_multiplication():
+    assert Time(3, "ep") * 2 == Time(6, "ep")
+    assert 2 * Time(3, "ep") == Time(6, "ep")
+    assert (Time(100, "ba") * Time(0.5, "dur")) == Time(50, "ba")
+    assert (Time(0.5, "dur") * Time(100, "ba")).unit is TimeUnit.BATCH
+    prod = Time(0.5, "dur") * Time(0.5, "dur")
+    assert prod.unit is TimeUnit.DURATION and prod.value == 0.25
+    assert Time(3, "ep") * 0.5 == Time(1, "ep")  # Composer keeps the int type: truncates
+    with pytest.raises(RuntimeError, match="dur"):
+        Time(3, "ep") * Time(2, "ep")
+
+
+def test_division():
+    d = Time(5, "ba") / Time(20, "ba")
+    assert d.unit is TimeUnit.DURATION and d.value == 0.25
+    assert Time(10, "ba") / 2 == Time(5, "ba")
+    assert (Time(0.5, "dur") / 2).value == 0.25
+    with pytest.raises(RuntimeError):
+        Time(5, "ba") / Time(1, "ep")
+
+
+def test_unary_and_conversions():
+    assert -Time(3, "ba") == Time(-3, "ba")
+    assert abs(Time(-3, "ba")) == Time(3, "ba")
+    assert float(Time(3, "ba")) == 3.0
+    assert int(Time(0.75, "dur")) == 0
+
+
+def test_comparisons():
+    assert Time(3, "ep") < Time(4, "ep")
+    assert Time(4, "ep") <= Time(4, "ep")
+    assert Time(5, "ep") > Time(4, "ep")
+    assert Time(5, "ep") >= "5ep"
+    assert Time(5, "ep") == 5
+    assert Time(5, "ep") != 6
+    assert Time(5, "ba") < 5.5  # plain numbers are taken in the same unit, even fractional ones
+    assert Time(0.5, "dur") < 0.75
+    with pytest.raises(RuntimeError, match="units differ"):
+        Time(3, "ep") < Time(4, "ba")
+    with pytest.raises(RuntimeError):
+        Time(3, "ep") == Time(3, "ba")
+    assert (Time(3, "ep") == object()) is False
+
+
+def test_timestamp_advances():
+    ts = Timestamp()
+    one = datetime.timedelta(seconds=1)
+    ts = ts.to_next_batch(samples=8, tokens=80, duration=one)
+    ts = ts.to_next_batch(samples=8, tokens=80, duration=one)
+    assert (ts.batch, ts.sample, ts.token) == (2, 16, 160)
+    assert (ts.batch_in_epoch, ts.sample_in_epoch, ts.token_in_epoch, ts.token_in_iteration) == (2, 16, 160, 160)
+    assert ts.total_wct == 2 * one and ts.epoch_wct == 2 * one and ts.batch_wct == one
+    ts = ts.to_next_epoch(duration=one)
+    in_epoch = (ts.batch_in_epoch, ts.sample_in_epoch, ts.token_in_epoch)
+    assert (ts.epoch, ts.epoch_in_iteration, in_epoch) == (1, 1, (0, 0, 0))
+    assert ts.batch == 2 and ts.total_wct == 3 * one and ts.epoch_wct == datetime.timedelta(0)
+    ts = ts.to_next_batch(samples=4)
+    assert ts.batch_in_epoch == 1 and ts.sample == 20
+    ts = ts.to_next_iteration()
+    assert (ts.iteration, ts.epoch_in_iteration, ts.token_in_iteration, ts.batch_in_epoch) == (1, 0, 0, 0)
+    assert ts.epoch == 1 and ts.batch == 3 and ts.iteration_wct == datetime.timedelta(0)
+
+
+def test_timestamp_is_immutable_and_copy():
+    ts = Timestamp(batch=3)
+    with pytest.raises(Exception):
+        ts.batch = 4
+    ts2 = ts.copy(epoch=2)
+    assert (ts.epoch, ts2.epoch, ts2.batch) == (0, 2, 3)
+    with pytest.raises(TypeError):
+        Timestamp(batch=1.5)
+
+
+def test_timestamp_get():
+    ts = Timestamp(iteration=1, epoch=2, batch=30, sample=300, token=3000, total_wct=datetime.timedelta(seconds=61.7))
+    assert ts.get("ep") == Time(2, "ep")
+    assert ts.get(TimeUnit.BATCH) == Time(30, "ba")
+    assert ts.get(Time(5, "sp")) == Time(300, "sp")
+    assert ts.get("tok").value == 3000
+    assert ts.get("iter").value == 1
+    assert ts.get("sec") == Time(61, "sec")
+    with pytest.raises(ValueError, match="max_duration"):
+        ts.get("dur")
+    assert ts < Time(31, "ba") and ts >= "2ep" and not ts > "300sp"
+
+
+def test_timestamp_state_dict_round_trip():
+    ts = Timestamp(epoch=1, batch=7, sample=56, total_wct=datetime.timedelta(seconds=1.234567), batch_wct=0.5)
+    d = json.loads(json.dumps(ts.state_dict()))
+    assert Timestamp.from_state_dict(d) == ts
+    assert Timestamp().load_state_dict(d) == ts
+    with pytest.raises(ValueError, match="Unknown"):
+        Timestamp.from_state_dict({"bogus": 1})
+
+
+def test_to_batches():
+    kw = dict(steps_per_epoch=10, max_batches=95)
+    assert to_batches(Time(7, "ba"), **kw) == 7
+    assert to_batches("3ep", **kw) == 30
+    assert to_batches("0.5dur", **kw) == 47  # floored
+    assert to_batches("1dur", **kw) == 95
+    assert to_batches("33sp", batch_size=8, **kw) == 5  # ceil
+    assert to_batches("100tok", tokens_per_batch=50, **kw) == 2
+    assert to_batches("101tok", tokens_per_batch=50, **kw) == 3
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        to_batches("3ep", steps_per_epoch=None, max_batches=10)
+    with pytest.raises(ValueError, match="max_batches"):
+        to_batches("0.5dur", steps_per_epoch=None, max_batches=None)
+    with pytest.raises(ValueError, match="batch_size"):
+        to_batches("3sp", **kw)
+    with pytest.raises(ValueError, match="tokens_per_batch"):
+        to_batches("3tok", **kw)
+    with pytest.raises(ValueError, match="sec"):
+        to_batches("1h", **kw)
+    with pytest.raises(ValueError, match="iter"):
+        to_batches("1iter", **kw)

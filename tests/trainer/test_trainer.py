@@ -1,0 +1,151 @@
+"""The Trainer on real (tiny) runs: learning, sharding, accumulation, evaluation, events, errors."""
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxcomposer import Callback, Event, Trainer
+from jaxcomposer.algorithms import EMA
+from jaxcomposer.callbacks import ThresholdStopper
+from jaxcomposer.loggers import InMemoryLogger
+from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
+from jaxcomposer.trainer.trainer import ConfigurationError
+from tests.trainer.helpers import digits, leaves, loaders, mlp_task, resnet_task
+
+
+def make(task=None, **kw):
+    train, evals = loaders(batch_size=kw.pop("batch_size", 32))
+    defaults = dict(model=task or mlp_task(), train_dataloader=train, eval_dataloader=evals, max_duration="2ep",
+                    optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), seed=0, progress_bar=False)
+    defaults.update(kw)
+    return Trainer(**defaults)
+
+
+def test_fit_learns_digits_and_reports_accuracy():
+    logger = InMemoryLogger()
+    trainer = make(loggers=[logger], max_duration="3ep")
+    state = trainer.fit()
+    losses = [v for _, v in logger.data["loss/train/total"]]
+    assert state.timestamp.epoch == 3 and state.timestamp.batch == 3 * len(trainer.train_dataloader)
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    assert state.eval_metrics["eval"]["accuracy"] > 0.9
+    # evaluation reduces exactly: the eval set has 450 examples in batches of 100 (last one padded)
+    manual = trainer.eval()
+    assert manual["accuracy"] == pytest.approx(state.eval_metrics["eval"]["accuracy"])
+
+
+def test_eval_padding_counts_each_example_once():
+    trainer = make(max_duration="1ba")
+    test = digits("test")
+    task, st = trainer.task, trainer.state.train_state
+    outputs, _ = task.forward(st.params, st.model_state, test, train=False)
+    expected = float((np.argmax(np.asarray(outputs), -1) == test["target"]).mean())
+    from jaxcomposer.data import ArrayLoader
+    for bs in (100, 128, 449):
+        got = trainer.eval(ArrayLoader(test, bs, shuffle=False, drop_last=False))["accuracy"]
+        assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_one_device_and_two_devices_agree():
+    assert len(jax.devices()) >= 2
+    results = []
+    for devices in (jax.devices()[:1], jax.devices()[:2]):
+        trainer = make(task=resnet_task(), max_duration="5ba", devices=devices, eval_dataloader=None)
+        trainer.fit()
+        results.append(leaves(trainer.state.train_state.params))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_microbatching_equals_full_batch_update():
+    params = []
+    for mb in (None, 8):
+        trainer = make(max_duration="3ba", device_train_microbatch_size=mb, eval_dataloader=None,
+                       optimizers=optax.sgd(0.5))
+        trainer.fit()
+        params.append(leaves(trainer.state.train_state.params))
+    for a, b in zip(*params):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_one_compile_across_steps():
+    trainer = make(max_duration="1ep", eval_dataloader=None)
+    trainer.fit()
+    (step,) = trainer._train_steps.values()
+    assert step._cache_size() == 1
+
+
+def test_bf16_amp_trains_with_fp32_master_weights():
+    trainer = make(max_duration="1ep", precision="amp_bf16")
+    state = trainer.fit()
+    assert all(x.dtype == np.float32 for x in leaves(state.train_state.params))
+    assert state.eval_metrics["eval"]["accuracy"] > 0.6
+
+
+def test_ema_weights_are_evaluated():
+    trainer = make(max_duration="1ep", algorithms=[EMA(half_life="5ba")])
+    trainer.fit()
+    st = trainer.state.train_state
+    ema = st.extras["EMA"]
+    raw = leaves(st.params)
+    assert any(not np.allclose(a, b) for a, b in zip(raw, leaves(ema["params"])))
+    test = digits("test")
+    out, _ = trainer.task.forward(ema["params"], ema["state"], test, train=False)
+    expected = float((np.argmax(np.asarray(out), -1) == test["target"]).mean())
+    assert trainer.eval()["accuracy"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_schedule_and_scale_schedule_ratio():
+    trainer = make(max_duration="4ep", schedulers=[CosineAnnealingScheduler()], scale_schedule_ratio=0.5,
+                   eval_dataloader=None)
+    spe = len(trainer.train_dataloader)
+    assert trainer.max_duration.value == 2 and trainer.total_steps == 2 * spe
+    assert trainer.state.learning_rate(0) == pytest.approx(0.1)
+    assert trainer.state.learning_rate(spe) == pytest.approx(0.05, rel=1e-5)   # halfway through the cosine
+    with pytest.raises(ConfigurationError, match="scale_schedule_ratio"):
+        make(scale_schedule_ratio=0.5)
+
+
+def test_events_fire_in_composer_order():
+    seen = []
+
+    class Recorder(Callback):
+        def run_event(self, event, state, logger):
+            seen.append(event)
+
+    make(max_duration="2ba", eval_interval="2ba", callbacks=[Recorder()]).fit()
+    order = [e for e in seen if e not in (Event.EVAL_BATCH_END,)]
+    assert order == [Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.BATCH_START, Event.BATCH_END,
+                     Event.BATCH_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END, Event.FIT_END]
+
+
+def test_threshold_stopper_stops_early():
+    trainer = make(max_duration="20ep", callbacks=[ThresholdStopper("accuracy", "eval", threshold=0.8)])
+    state = trainer.fit()
+    assert state.timestamp.epoch < 20 and state.eval_metrics["eval"]["accuracy"] >= 0.8
+
+
+def test_predict_returns_logits():
+    trainer = make(max_duration="1ba")
+    _, evals = loaders(eval_batch_size=200)
+    out = trainer.predict(evals)
+    assert [o.shape for o in out] == [(200, 10), (200, 10), (50, 10)]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model="not a model"), "model: expected a jaxcomposer task"),
+    (dict(precision="fp16"), "precision"),
+    (dict(max_duration="10epochs"), "max_duration"),
+    (dict(max_duration="0.5dur"), "max_duration"),
+    (dict(eval_interval="1.5ep"), "eval_interval"),
+    (dict(device_train_microbatch_size=0), "device_train_microbatch_size"),
+])
+def test_bad_arguments_fail_before_compiling(kwargs, match):
+    with pytest.raises((ConfigurationError, TypeError, ValueError), match=match):
+        make(**kwargs)
+
+
+def test_microbatch_size_must_divide_batch():
+    trainer = make(device_train_microbatch_size=5, eval_dataloader=None)
+    with pytest.raises(ConfigurationError, match="must divide the batch size 32"):
+        trainer.fit()
