@@ -50,10 +50,21 @@ OPTIMIZERS: dict[str, Callable] = {
     "sgd": _optax_optimizer(optax.sgd), "adam": _optax_optimizer(optax.adam),
     "adamw": _optax_optimizer(optax.adamw), "lamb": _optax_optimizer(optax.lamb),
 }
-SCHEDULERS: dict[str, Callable] = {snake(n).replace("_scheduler", ""): getattr(optim, n)
-                                   for n in dir(optim) if n.endswith("Scheduler")}
-ALGORITHMS: dict[str, Callable] = {snake(n): getattr(algorithms_lib, n) for n in algorithms_lib.__all__}
-CALLBACKS: dict[str, Callable] = {snake(n): getattr(callbacks_lib, n) for n in callbacks_lib.__all__}
+SCHEDULERS: dict[str, Callable] = {snake(n).removesuffix("_scheduler"): getattr(optim, n)
+                                   for n in dir(optim) if n.endswith("Scheduler") and n != "ComposerScheduler"}
+# Composer's registry spellings (``mixup``, ``cutout``, ``label_smoothing``); lookups ignore case and underscores,
+# so the class names (``MixUp``, ``LabelSmoothing``) work too.
+ALGORITHMS: dict[str, Callable] = {n: getattr(algorithms_lib, c) for n, c in algorithms_lib.REGISTRY.items()}
+CALLBACKS: dict[str, Callable] = {snake(n): getattr(callbacks_lib, n) for n in callbacks_lib.__all__
+                                  if n[0].isupper() and not n.endswith("Error")}
+
+
+def lookup(registry: Mapping[str, Callable], name: Any) -> str | None:
+    """The registry's canonical name for ``name`` (case and underscores ignored), or None."""
+    want = str(name).lower().replace("_", "")
+    return next((k for k in registry if k.replace("_", "") == want), None)
+
+
 MODELS = ("mlp", "resnet_cifar", "gpt")
 DATASETS = ("fashion_mnist", "digits", "stdlib_text")
 
@@ -192,21 +203,28 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
             from jaxcomposer.fit import model_builder  # the builder's signature is the schema
             problems += _check_kwargs("model", model_builder(name), {k: v for k, v in model.items() if k != "name"},
                                       build=False)
+            data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}
+            is_text = data.get("name", DataConfig().name) == "stdlib_text"
+            if (name == "gpt") != is_text:
+                problems.append(("model.name", f"{name!r} does not fit data.name {data.get('name', DataConfig().name)!r}: "
+                                               "'gpt' trains on 'stdlib_text'; image classifiers on 'fashion_mnist' "
+                                               "or 'digits'"))
     return problems
 
 
 def _check_one(loc: str, spec: Mapping, registry: Mapping[str, Callable], named: bool = False):
     name = spec.get("name")
-    key = snake(str(name)) if name is not None else None
-    if key not in registry:
+    key = lookup(registry, name)
+    if key is None:
         where = loc if named else f"{loc}.name"
-        return [(where, f"unknown name {name!r}{_did_you_mean(str(key), registry)}; "
+        return [(where, f"unknown name {name!r}{_did_you_mean(snake(str(name)), registry)}; "
                         f"known: {', '.join(sorted(registry))}")]
     return _check_kwargs(loc, registry[key], {k: v for k, v in spec.items() if k != "name"})
 
 
 def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -> list[tuple[str, str]]:
-    params = inspect.signature(fn).parameters
+    target = fn.__init__ if isinstance(fn, type) else fn  # NNX's metaclass hides classes' own signatures
+    params = {n: p for n, p in inspect.signature(target).parameters.items() if n != "self"}
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
     names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [k for k in kwargs if k not in names and not accepts_any]
@@ -222,7 +240,7 @@ def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -
 
 def build_component(spec: Mapping, registry: Mapping[str, Callable]):
     spec = dict(spec)
-    return registry[snake(str(spec.pop("name")))](**spec)
+    return registry[lookup(registry, spec.pop("name"))](**spec)
 
 
 def _deep_copy(x):

@@ -8,7 +8,35 @@ from jaxcomposer.algorithms.gradient_clipping import GradientClipping, apply_gra
 from jaxcomposer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from jaxcomposer.algorithms.mixup import MixUp, mixup_batch
 
+# Composer's registry spellings (``composer/algorithms/algorithm_registry.py``) -> factory name in this package;
+# the config loader resolves YAML ``algorithms:`` entries through it.
+REGISTRY: dict[str, str] = {
+    "cutout": "CutOut",
+    "ema": "EMA",
+    "gradient_clipping": "GradientClipping",
+    "label_smoothing": "LabelSmoothing",
+    "mixup": "MixUp",
+}
+
+
+
+def describe_methods() -> list[tuple[str, str]]:
+    """(registry name, one-line description) for every method: the first sentence of its method card's
+    "What it does" paragraph."""
+    import importlib
+    import re
+
+    out = []
+    for name, factory in sorted(REGISTRY.items()):
+        doc = importlib.import_module(globals()[factory].__module__).__doc__ or ""
+        what = re.search(r"\*\*What it does\.\*\*\s*(.+?\.)(\s|$)", doc, re.S)
+        line = " ".join((what.group(1) if what else doc.strip().splitlines()[0]).split())
+        out.append((name, line))
+    return out
+
+
 __all__ = [
+    "REGISTRY", "describe_methods",
     "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
     "apply_gradient_clipping", "compute_ema", "cutout_batch", "mixup_batch", "smooth_labels",
 ]

@@ -53,6 +53,16 @@ def _spatial_axes(ndim: int, data_format: str) -> tuple[int, int]:
     raise ValueError(f"cutout: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
 
 
+def _hole_mask(y, x, h: int, w: int, side: int) -> jax.Array:
+    """(H, W) bool mask of Composer's ``_generate_mask`` slice ``[y1:y2, x1:x2]``, from iota comparisons."""
+    half = side // 2
+    y1, y2 = jnp.clip(y - half, 0, h), jnp.clip(y + half, 0, h)
+    x1, x2 = jnp.clip(x - half, 0, w), jnp.clip(x + half, 0, w)
+    rows = jnp.arange(h)[:, None]
+    cols = jnp.arange(w)[None, :]
+    return (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)
+
+
 def cutout_batch(input: jax.Array, key: jax.Array, num_holes: int = 1, length: float = 0.5,
                  uniform_sampling: bool = False, data_format: str = "NHWC") -> jax.Array:
     """Composer's ``cutout_batch`` with an explicit ``key``; one image ``(H, W, C)`` or a batch ``(N, H, W, C)``."""
@@ -61,9 +71,6 @@ def cutout_batch(input: jax.Array, key: jax.Array, num_holes: int = 1, length: f
     ay, ax = _spatial_axes(input.ndim, data_format)
     h, w = input.shape[ay], input.shape[ax]
     side = _hole_side(h, w, length)
-    half = side // 2
-    rows = jnp.arange(h)[:, None]
-    cols = jnp.arange(w)[None, :]
     hole = jnp.zeros((h, w), bool)
     for k in jax.random.split(key, num_holes):
         ky, kx = jax.random.split(k)
@@ -73,9 +80,7 @@ def cutout_batch(input: jax.Array, key: jax.Array, num_holes: int = 1, length: f
         else:
             y = jax.random.randint(ky, (), 0, h)
             x = jax.random.randint(kx, (), 0, w)
-        y1, y2 = jnp.clip(y - half, 0, h), jnp.clip(y + half, 0, h)
-        x1, x2 = jnp.clip(x - half, 0, w), jnp.clip(x + half, 0, w)
-        hole = hole | ((rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2))
+        hole = hole | _hole_mask(y, x, h, w, side)
     # Broadcast the (H, W) mask to the input's rank explicitly (implicit rank promotion is an error in this suite).
     shape = [1] * input.ndim
     shape[ay], shape[ax] = h, w
@@ -87,6 +92,8 @@ def CutOut(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = Fal
     """Composer's ``CutOut(num_holes=1, length=0.5, uniform_sampling=False)`` as a :class:`Method` (``batch``)."""
     if int(num_holes) != num_holes or num_holes < 0:
         raise ValueError(f"CutOut: num_holes must be a non-negative integer, got {num_holes}.")
+    if isinstance(length, int) and not isinstance(length, bool) and length < 0:
+        raise ValueError(f"CutOut: an int length is a side in pixels and must be >= 0, got {length}.")
     if not isinstance(length, int) and not 0.0 <= float(length) <= 1.0:
         raise ValueError(f"CutOut: a float length is a fraction of min(H, W) and must be in [0, 1], got {length}.")
     _spatial_axes(4, data_format)  # validate now, not at trace time

@@ -6,6 +6,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxcomposer.core.model import PureModel
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
@@ -13,10 +14,12 @@ from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 
 
 def num_params(model: Any) -> int:
-    """Trainable parameter count of an NNX module (its ``nnx.Param`` leaves) or of any params pytree.
+    """Trainable parameter count of an NNX module (its ``nnx.Param`` leaves), a PureModel, or any params pytree.
 
     BatchNorm running statistics are state, not params, so they are not counted (as in Composer's reports).
     """
+    if isinstance(model, PureModel):
+        model = model.params
     tree = nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 

@@ -20,7 +20,7 @@ def test_flattens_any_trailing_shape(key):
 def test_param_count_matches_formula():
     m = MLP(784, hidden=(256,), num_classes=10, rngs=nnx.Rngs(0))
     assert num_params(m) == 784 * 256 + 256 + 256 * 10 + 10 == 203_530
-    assert num_params(from_nnx(m).params) == 203_530
+    assert num_params(from_nnx(m).params) == num_params(from_nnx(m)) == 203_530
 
 
 def test_dropout_uses_the_key(key):

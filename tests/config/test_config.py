@@ -1,0 +1,93 @@
+"""Config validation: every problem at once, dotted paths, suggestions, nothing written; CLI; a tiny real fit."""
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from jaxcomposer import Config, ConfigError, fit, load_config
+from jaxcomposer.cli import main
+
+TINY = {
+    "run_name": "tiny", "max_duration": "2ep", "seed": 0, "progress_bar": False, "log_to_console": False,
+    "model": {"name": "mlp", "hidden": [32]},
+    "data": {"name": "digits", "batch_size": 32, "eval_batch_size": 128},
+    "optimizer": {"name": "decoupled_sgdw", "lr": 0.1, "momentum": 0.9},
+    "schedulers": [{"name": "cosine_annealing_with_warmup", "t_warmup": "5ba"}],
+    "algorithms": {"label_smoothing": {"smoothing": 0.1}, "ema": {"half_life": "20ba"}},
+}
+
+
+def test_misspelt_key_and_bad_time_string_fail_together_and_write_nothing(tmp_path):
+    bad = {**TINY, "run_dir": str(tmp_path / "runs"), "max_duraton": "3ep", "eval_interval": "10epochs"}
+    with pytest.raises(ConfigError) as info:
+        fit(bad)
+    msg = str(info.value)
+    assert "max_duraton: unknown key; did you mean 'max_duration'?" in msg
+    assert "eval_interval" in msg and "10epochs" in msg
+    assert len(info.value.problems) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_problem_is_reported_with_its_dotted_path():
+    bad = {**TINY, "precision": "fp16", "seed": "three",
+           "data": {"name": "digits", "batch_sise": 3},
+           "optimizer": {"name": "decoupled_sgdw", "lr": -1.0},
+           "schedulers": [{"name": "cosine_anealing", "t_max": "1dur"}],
+           "algorithms": {"mixup": {"alpha": 0.2, "interpolate": True}, "label_smoothin": {}},
+           "model": {"name": "resnet_cifar", "dept": 8}}
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    got = dict(info.value.problems)
+    assert "precision" in got and "seed" in got
+    assert "did you mean 'batch_size'" in got["data.batch_sise"]
+    assert "lr" in got["optimizer"]
+    assert "did you mean 'cosine_annealing'" in got["schedulers.0.name"]
+    assert "did you mean 'interpolate_loss'" in got["algorithms.mixup.interpolate"]
+    assert "did you mean 'label_smoothing'" in got["algorithms.label_smoothin"]
+    assert "did you mean 'depth'" in got["model.dept"]
+
+
+def test_missing_max_duration_and_overrides():
+    raw = {k: v for k, v in TINY.items() if k != "max_duration"}
+    with pytest.raises(ConfigError, match="max_duration: required"):
+        load_config(raw)
+    cfg = load_config(raw, ["max_duration=3ep", "optimizer.lr=0.05", "algorithms.ema.half_life=10ba"])
+    assert cfg.max_duration == "3ep" and cfg.optimizer["lr"] == 0.05
+    assert cfg.algorithms["ema"]["half_life"] == "10ba"
+    assert isinstance(load_config(cfg), Config)
+
+
+def test_model_and_dataset_must_match():
+    with pytest.raises(ConfigError, match="model.name"):
+        load_config({**TINY, "model": {"name": "gpt"}})
+
+
+def test_fit_from_yaml_writes_run_dir(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "run_dir": str(tmp_path / "runs")}))
+    result = fit(path)
+    assert result.metrics["accuracy"] > 0.85
+    assert result.wall_time_s > 0
+    assert result.run_dir == tmp_path / "runs" / "tiny"
+    lines = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("metrics/eval/accuracy" in l.get("metrics", {}) for l in lines)
+    assert (result.run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["max_duration"] == "2ep"
+
+
+def test_cli_methods_lists_every_algorithm(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("label_smoothing", "mixup", "cutout", "gradient_clipping", "ema"):
+        assert name in out
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "max_duration": "10epochs"}))
+    proc = subprocess.run([sys.executable, "-m", "jaxcomposer.cli", "fit", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "max_duration" in proc.stderr and "10epochs" in proc.stderr
