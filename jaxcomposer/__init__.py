@@ -5,7 +5,7 @@ from jaxcomposer.core.model import PureModel, Task, from_nnx
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp
 from jaxcomposer.config import Config, ConfigError, load_config
-from jaxcomposer.fit import FitResult, fit
+from jaxcomposer.runner import FitResult, fit
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 from jaxcomposer.trainer.trainer import ConfigurationError, Trainer
 from jaxcomposer import algorithms, callbacks, functional, loggers, optim  # noqa: E402

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from jaxcomposer.config import ConfigError
-    from jaxcomposer.fit import fit
+    from jaxcomposer.runner import fit
     try:
         result = fit(args.config, args.overrides)
     except ConfigError as e:

@@ -200,7 +200,7 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
         if name not in MODELS:
             problems.append(("model.name", f"got {name!r}, expected one of {list(MODELS)}{_did_you_mean(str(name), MODELS)}"))
         else:
-            from jaxcomposer.fit import model_builder  # the builder's signature is the schema
+            from jaxcomposer.runner import model_builder  # the builder's signature is the schema
             problems += _check_kwargs("model", model_builder(name), {k: v for k, v in model.items() if k != "name"},
                                       build=False)
             data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}

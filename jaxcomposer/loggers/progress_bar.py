@@ -58,6 +58,9 @@ class ProgressBarLogger(LoggerDestination):
             loss = state.batch_metrics.get("loss")
             if loss is not None:
                 self._postfix["loss"] = format_metric(float(loss))
+                # float() waited for the step: take the time after it, or the wait lands in the next window
+                # (which then holds one batch) and the rate alternates between far too high and far too low.
+                now = self._clock()
             if now > last_t and state.timestamp.sample > last_samples:
                 self._postfix["samples/s"] = f"{(state.timestamp.sample - last_samples) / (now - last_t):.1f}"
             self._last_read = (now, state.timestamp.sample)

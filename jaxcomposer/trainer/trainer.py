@@ -24,6 +24,7 @@ from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
+from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 
 
@@ -59,7 +60,7 @@ class Trainer:
                  train_subset_num_batches: int = -1, seed: int | None = None, precision: str | None = None,
                  device_train_microbatch_size: int | None = None, run_name: str | None = None,
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
-                 devices: Sequence | None = None):
+                 load_path: str | Path | None = None, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         if not isinstance(model, Task):
             raise ConfigurationError(
@@ -119,8 +120,11 @@ class Trainer:
         self._train_steps: dict = {}
         self._eval_step = None
         state = steps.init_train_state(self.task, self.tx, self.composed, self.seed, self.mesh)
+        timestamp = Timestamp()
+        if load_path is not None:
+            state, timestamp, _ = checkpoint.load_checkpoint(load_path, state)
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, max_duration=self.max_duration,
-                              timestamp=Timestamp(), train_state=state, total_steps=self.total_steps,
+                              timestamp=timestamp, train_state=state, total_steps=self.total_steps,
                               steps_per_epoch=self.steps_per_epoch, learning_rate=self._lr_at)
         self._fire(Event.INIT)
 
@@ -134,12 +138,10 @@ class Trainer:
         self._fire(Event.FIT_START)
         last_eval_batch = -1
         while not self._done() and not st.stop_requested:
-            if hasattr(self.train_dataloader, "set_epoch"):
-                self.train_dataloader.set_epoch(st.timestamp.epoch)
+            self._seek_train_data()
             self._fire(Event.EPOCH_START)
             epoch_start, seen = time.perf_counter(), 0
-            for i, batch in enumerate(self._device_batches(self.train_dataloader, self.train_subset_num_batches,
-                                                           check=True)):
+            for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True):
                 self._fire(Event.BATCH_START)
                 t0 = time.perf_counter()
                 stage = self.composed.stage(int(st.timestamp.batch), self.total_steps)
@@ -156,8 +158,9 @@ class Trainer:
                 if self._eval_due(TimeUnit.BATCH):
                     self._run_eval()
                     last_eval_batch = st.timestamp.batch
-                if self._done() or st.stop_requested:
-                    break
+                epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
+                if (self._done() or st.stop_requested) and not epoch_complete:
+                    break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
             else:
                 if seen == 0:
                     raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
@@ -186,6 +189,8 @@ class Trainer:
         self._fire(Event.EVAL_START)
         sums, count, pad_to = {}, 0.0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
+        if hasattr(loader, "set_state"):  # every evaluation sees the same batches, from the first one
+            loader.set_state({"epoch": 0, "batch_index": 0})
         for i, raw in enumerate(loader):
             if n_batches >= 0 and i >= n_batches:
                 break
@@ -219,6 +224,12 @@ class Trainer:
         self._fire(Event.PREDICT_END)
         return outputs
 
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Save everything needed to continue bit for bit: the ``TrainState`` and the timestamp."""
+        return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp,
+                                          {"run_name": self.run_name, "seed": self.seed,
+                                           "algorithms": list(self.composed.names)})
+
     def close(self) -> None:
         for cb in self.callbacks:
             cb.close(self.state, self.logger)
@@ -228,6 +239,15 @@ class Trainer:
         self.composed.run_host(event, self.state)
         for cb in self.callbacks:
             cb.run_event(event, self.state, self.logger)
+
+    def _seek_train_data(self) -> None:
+        """Point the loader at the timestamp's position. Loaders are deterministic per (seed, epoch), so this is
+        what makes resume exact, and it also discards batches the prefetcher read ahead before a stop."""
+        ts, loader = self.state.timestamp, self.train_dataloader
+        if hasattr(loader, "set_state"):
+            loader.set_state({"epoch": ts.epoch, "batch_index": ts.batch_in_epoch})
+        elif hasattr(loader, "set_epoch"):
+            loader.set_epoch(ts.epoch)
 
     def _run_eval(self) -> None:
         if self.eval_dataloader is not None:

@@ -149,3 +149,33 @@ def test_microbatch_size_must_divide_batch():
     trainer = make(device_train_microbatch_size=5, eval_dataloader=None)
     with pytest.raises(ConfigurationError, match="must divide the batch size 32"):
         trainer.fit()
+
+
+@pytest.mark.parametrize("stop_at", [3, 8])  # mid-epoch, and exactly on an epoch's last batch (8 per epoch)
+def test_save_and_resume_continue_bit_for_bit(tmp_path, stop_at):
+    from jaxcomposer.data import ArrayLoader
+
+    def trainer(**kw):
+        return Trainer(model=mlp_task(dropout=0.2), train_dataloader=ArrayLoader(digits("train", 256), 32, seed=1),
+                       max_duration="10ba", optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), seed=0,
+                       progress_bar=False, **kw)
+
+    straight = trainer()
+    straight.fit()
+    first = trainer()
+    first.max_duration = type(first.max_duration)(stop_at, "ba")
+    first.fit()
+    assert first.state.timestamp.epoch == stop_at // 8
+    first.save_checkpoint(tmp_path / "ck")
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
+        first.save_checkpoint(tmp_path / "ck")
+    resumed = trainer(load_path=tmp_path / "ck")
+    resumed.fit()
+    assert resumed.state.timestamp.batch == 10 and resumed.state.timestamp.epoch == 1
+    for a, b in zip(leaves(straight.state.train_state), leaves(resumed.state.train_state)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_load_path_that_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="not a complete jaxcomposer checkpoint"):
+        make(load_path=tmp_path / "nope")

@@ -1,0 +1,428 @@
+"""The quickstart recipe in plain PyTorch vs. jaxcomposer: accuracy over wall time, images/s, time to 91%.
+
+Both sides read ``configs/quickstart.yaml`` and train the same thing:
+
+- model: ``ResNetCIFAR`` with the config's kwargs; the torch copy below mirrors ``jaxcomposer/models/resnet.py``
+  (bias-free 3x3 convs with padding 1, 1x1 conv + BN projection shortcuts, BN eps 1e-5 and torch momentum
+  ``1 - flax momentum``, global average pool, linear head; kaiming-normal fan-out conv init, flax's lecun-normal
+  (truncated) head init, zero bias). Torch runs NCHW tensors in channels-last memory, ``torch.set_num_threads(2)``.
+- data: the same loaders (``jaxcomposer.data.make_loaders`` with the config's seed, so the same shuffled batches)
+  and the same host normalization ``(x / 255 - mean) / std``; batch size and epochs from the config.
+- optimizer: Composer's DecoupledSGDW. Torch: ``torch.optim.SGD(lr=lr * alpha_t, momentum, nesterov,
+  weight_decay=0)`` after ``p.mul_(1 - alpha_t * wd)``; alpha_t is the config's schedule (cosine with warmup)
+  evaluated once with ``jaxcomposer.optim``'s ``schedule(...)`` and handed to torch as Python floats.
+- label smoothing: ``F.cross_entropy(label_smoothing=s)``; jaxcomposer: ``LabelSmoothing(s)``.
+- EMA of params and float buffers: ``smoothing = 2 ** (-update_interval / half_life)`` per batch, the average
+  (re)started from the weights after the first step (jaxcomposer's ``ema_start='0.0dur'``); eval uses EMA weights.
+
+Wall times count from the start of training (jaxcomposer: ``trainer.fit()`` start, so compile is included; the
+first step, i.e. mostly the compile, is also reported alone). Images/s counts training steps only (eval excluded;
+jaxcomposer's epochs are closed with ``block_until_ready`` so async dispatch does not hide work in the eval).
+
+Run:  .venv/bin/python benchmarks/torch_vs_jaxcomposer.py [--epochs N] [--only torch|jax]
+      .venv/bin/python benchmarks/torch_vs_jaxcomposer.py --smoke     (5 batches, 1 epoch, 1 eval batch)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "torch_vs_jaxcomposer"
+TARGET_ACC = 0.91
+
+
+def machine_facts() -> dict:
+    import flax
+    import jax
+    import optax
+    import torch
+    return {"cpu_count": os.cpu_count(),
+            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shared setup
+def load_setup(config: str, epochs: int | None, smoke: bool) -> dict:
+    from jaxcomposer import config as config_lib
+    from jaxcomposer.data import make_loaders
+
+    overrides = ["progress_bar=false", "log_to_console=false"]
+    if epochs is not None:
+        overrides.append(f"max_duration={epochs}ep")
+    if smoke:
+        overrides += ["max_duration=1ep", "train_subset_num_batches=5", "eval_subset_num_batches=1"]
+    cfg = config_lib.load_config(config, overrides)
+    md = str(cfg.max_duration)
+    if not md.endswith("ep"):
+        raise SystemExit(f"max_duration {md!r}: this benchmark needs a duration in epochs")
+    n_epochs = int(md[:-2])
+    d = cfg.data
+    train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir)
+    spe = len(train) if cfg.train_subset_num_batches < 0 else min(len(train), cfg.train_subset_num_batches)
+    total = spe * n_epochs
+    schedulers = [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers]
+    from jaxcomposer.optim import compose_schedules
+    import jax.numpy as jnp
+    alpha = compose_schedules(schedulers, max_batches=total, steps_per_epoch=spe, ssr=cfg.scale_schedule_ratio)
+    alphas = [float(a) for a in np.asarray(alpha(jnp.arange(total)))]
+    opt = dict(cfg.optimizer)
+    if opt.pop("name") != "decoupled_sgdw":
+        raise SystemExit("this benchmark mirrors decoupled_sgdw only")
+    algos = {k.lower(): (v or {}) for k, v in cfg.algorithms.items()}
+    unknown = set(algos) - {"label_smoothing", "ema"}
+    if unknown:
+        raise SystemExit(f"the torch side mirrors label_smoothing and ema only, config also has {sorted(unknown)}")
+    ema = None
+    if "ema" in algos:
+        e = algos["ema"]
+        half, interval = str(e.get("half_life", "1000ba")), str(e.get("update_interval") or "1ba")
+        if not (half.endswith("ba") and interval.endswith("ba")) or str(e.get("ema_start", "0.0dur")) not in (
+                "0.0dur", "0dur", "0ba"):
+            raise SystemExit("the torch EMA mirrors half_life/update_interval in 'ba' started at step 0 only")
+        if int(interval[:-2]) != 1:
+            raise SystemExit("the torch EMA mirrors update_interval '1ba' only")
+        ema = {"half_life_batches": int(half[:-2]), "update_interval_batches": 1,
+               "smoothing": 2.0 ** (-1.0 / int(half[:-2])) if int(half[:-2]) else 0.0}
+    return {"cfg": cfg, "overrides": overrides, "epochs": n_epochs, "train": train, "evals": evals, "info": info,
+            "steps_per_epoch": spe, "total_steps": total, "alphas": alphas, "optimizer": opt,
+            "label_smoothing": float(algos.get("label_smoothing", {}).get("smoothing", 0.1))
+            if "label_smoothing" in algos else 0.0, "ema": ema}
+
+
+def rewind(s: dict) -> None:
+    """Both sides start from epoch 0, batch 0 of the same (seeded) loaders, so they see the same batches."""
+    for loader in (s["train"], s["evals"]):
+        loader.set_state({"epoch": 0, "batch_index": 0})
+
+
+def runner_module():
+    """The module behind ``jaxcomposer.fit`` (``jaxcomposer.runner``; ``jaxcomposer.fit`` in older trees)."""
+    import importlib
+    for name in ("jaxcomposer.runner", "jaxcomposer.fit"):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(mod, "NormalizedLoader") and hasattr(mod, "_build_task"):
+            return mod
+    raise SystemExit("cannot find jaxcomposer's fit module (NormalizedLoader, _build_task)")
+
+
+def normalization(info):
+    return getattr(runner_module(), "_NORMALIZATION", {}).get(info.name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch
+def build_torch_model(model_kwargs: dict, in_channels: int, num_classes: int):
+    import torch
+    from torch import nn
+
+    def conv(cin, cout, k, stride):
+        c = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
+        nn.init.kaiming_normal_(c.weight, mode="fan_out", nonlinearity="relu")
+        return c
+
+    def bn(c, momentum, zero=False):
+        b = nn.BatchNorm2d(c, eps=1e-5, momentum=1.0 - momentum)
+        nn.init.zeros_(b.weight) if zero else nn.init.ones_(b.weight)
+        nn.init.zeros_(b.bias)
+        return b
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride, bn_momentum, zero_init_residual):
+            super().__init__()
+            self.conv1, self.bn1 = conv(cin, cout, 3, stride), bn(cout, bn_momentum)
+            self.conv2, self.bn2 = conv(cout, cout, 3, 1), bn(cout, bn_momentum, zero_init_residual)
+            if stride != 1 or cin != cout:
+                self.proj = nn.Sequential(conv(cin, cout, 1, stride), bn(cout, bn_momentum))
+            else:
+                self.proj = None
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(y + (x if self.proj is None else self.proj(x)))
+
+    class ResNetCIFAR(nn.Module):
+        def __init__(self, depth=20, width=16, num_classes=10, in_channels=3, stem_stride=1, widen=(1, 2, 4),
+                     bn_momentum=0.9, zero_init_residual=False):
+            super().__init__()
+            n = (depth - 2) // 6
+            self.stem = nn.Sequential(conv(in_channels, width, 3, stem_stride), bn(width, bn_momentum))
+            blocks, cin = [], width
+            for stage, mult in enumerate(widen):
+                cout = width * mult
+                for i in range(n):
+                    blocks.append(BasicBlock(cin, cout, 2 if (stage > 0 and i == 0) else 1, bn_momentum,
+                                             zero_init_residual))
+                    cin = cout
+            self.blocks = nn.Sequential(*blocks)
+            self.head = nn.Linear(cin, num_classes)
+            # flax nnx.Linear: lecun_normal = variance_scaling(1, fan_in, truncated_normal); bias zeros
+            std = math.sqrt(1.0 / cin) / 0.87962566103423978
+            nn.init.trunc_normal_(self.head.weight, std=std, a=-2 * std, b=2 * std)
+            nn.init.zeros_(self.head.bias)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = self.blocks(x)
+            return self.head(x.mean(dim=(2, 3)))
+
+    return ResNetCIFAR(**{"num_classes": num_classes, "in_channels": in_channels, **model_kwargs})
+
+
+def run_torch(s: dict) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from jaxcomposer.data.datasets import normalize_images
+
+    torch.set_num_threads(2)
+    cfg, info = s["cfg"], s["info"]
+    torch.manual_seed(cfg.seed)
+    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    model = build_torch_model(kwargs, info.input_shape[-1], info.num_classes)
+    n_params = sum(p.numel() for p in model.parameters())
+    channels_last = s["torch_memory_format"] == "channels_last"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    o = s["optimizer"]
+    lr, wd = float(o["lr"]), float(o.get("weight_decay", 0.0))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(o.get("momentum", 0.0)),
+                          dampening=float(o.get("dampening", 0.0)), nesterov=bool(o.get("nesterov", False)),
+                          weight_decay=0.0)
+    params = [p for p in model.parameters()]
+    ema_cfg = s["ema"]
+    ema_model, ema_tensors, model_tensors = None, None, None
+    norm = normalization(info)
+
+    def to_input(x_uint8):
+        x = normalize_images(x_uint8, *norm) if norm else x_uint8.astype(np.float32)
+        # NHWC host memory viewed as NCHW: exactly torch's channels-last layout, no copy
+        x = torch.from_numpy(x).permute(0, 3, 1, 2)
+        return x if channels_last else x.contiguous()
+
+    def evaluate(m) -> float:
+        m.eval()
+        correct = count = 0
+        ev, sub = s["evals"], cfg.eval_subset_num_batches
+        ev.set_state({"epoch": 0, "batch_index": 0})  # in order, from the start, every time
+        with torch.no_grad():
+            for i, b in enumerate(ev):
+                if sub >= 0 and i >= sub:
+                    break
+                pred = m(to_input(b["input"])).argmax(-1)
+                correct += int((pred == torch.from_numpy(b["target"]).long()).sum())
+                count += len(b["target"])
+        return correct / count
+
+    train, spe, alphas = s["train"], s["steps_per_epoch"], s["alphas"]
+    rewind(s)
+    history, step, train_time, first_step_s, images = [], 0, 0.0, None, 0
+    t_start = time.perf_counter()
+    for epoch in range(s["epochs"]):
+        model.train()
+        train.set_epoch(epoch)
+        t_ep = time.perf_counter()
+        for i, b in enumerate(train):
+            if i >= spe:
+                break
+            x, y = to_input(b["input"]), torch.from_numpy(b["target"]).long()
+            a = alphas[step]
+            loss = F.cross_entropy(model(x), y, label_smoothing=s["label_smoothing"])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            with torch.no_grad():
+                if wd:
+                    torch._foreach_mul_(params, 1.0 - a * wd)
+                for g in opt.param_groups:
+                    g["lr"] = lr * a
+                opt.step()
+                if ema_cfg is not None:
+                    if ema_model is None:  # started from the weights after the first step
+                        ema_model = copy.deepcopy(model)
+                        ema_tensors = [t for t in list(ema_model.parameters()) + list(ema_model.buffers())
+                                       if t.is_floating_point()]
+                        model_tensors = [t for t in list(model.parameters()) + list(model.buffers())
+                                         if t.is_floating_point()]
+                    else:
+                        torch._foreach_lerp_(ema_tensors, model_tensors, 1.0 - ema_cfg["smoothing"])
+            step += 1
+            images += len(y)
+            if first_step_s is None:
+                first_step_s = time.perf_counter() - t_ep
+        train_time += time.perf_counter() - t_ep
+        acc = evaluate(ema_model if ema_model is not None else model)
+        history.append({"epoch": epoch + 1, "accuracy": acc, "wall_s": time.perf_counter() - t_start,
+                        "train_s_cumulative": train_time})
+    out = summarize("torch", history, images, train_time, first_step_s, s)
+    out["num_params"] = n_params
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# jaxcomposer
+def run_jax(s: dict) -> dict:
+    import jax
+    from jaxcomposer import Trainer
+    from jaxcomposer import config as config_lib
+    from jaxcomposer.core.events import Callback
+    NormalizedLoader, _build_task = runner_module().NormalizedLoader, runner_module()._build_task
+
+    cfg, info = s["cfg"], s["info"]
+    norm = normalization(info)
+    rewind(s)  # the torch side may have moved the shared loaders' positions
+    train, evals = s["train"], s["evals"]
+    if norm:
+        train, evals = NormalizedLoader(train, *norm), NormalizedLoader(evals, *norm)
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.history, self.train_time, self.first_step_s, self.images = [], 0.0, None, 0
+
+        def fit_start(self, state, logger):
+            self.t_start = time.perf_counter()
+
+        def epoch_start(self, state, logger):
+            self.t_ep = time.perf_counter()
+
+        def batch_end(self, state, logger):
+            self.images += state.batch_size
+            if self.first_step_s is None:
+                jax.block_until_ready(state.train_state)
+                self.first_step_s = time.perf_counter() - self.t_ep
+
+        def epoch_end(self, state, logger):
+            jax.block_until_ready(state.train_state)
+            self.train_time += time.perf_counter() - self.t_ep
+
+        def eval_end(self, state, logger):
+            self.history.append({"epoch": int(state.timestamp.epoch),
+                                 "accuracy": float(state.eval_metrics["eval"]["accuracy"]),
+                                 "wall_s": time.perf_counter() - self.t_start,
+                                 "train_s_cumulative": self.train_time})
+
+    # Built the way jaxcomposer.fit builds it (same helpers), plus the recorder; no run_dir, no loggers.
+    rec = Recorder()
+    t_build = time.perf_counter()
+    trainer = Trainer(
+        model=_build_task(cfg, info), train_dataloader=train, eval_dataloader=evals, max_duration=cfg.max_duration,
+        optimizers=config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS),
+        schedulers=[config_lib.build_component(x, config_lib.SCHEDULERS) for x in cfg.schedulers],
+        scale_schedule_ratio=cfg.scale_schedule_ratio,
+        algorithms=[config_lib.build_component({"name": n, **(kw or {})}, config_lib.ALGORITHMS)
+                    for n, kw in cfg.algorithms.items()],
+        callbacks=[rec], eval_interval=cfg.eval_interval, seed=cfg.seed, precision=cfg.precision,
+        device_train_microbatch_size=cfg.device_train_microbatch_size, progress_bar=False, log_to_console=False,
+        train_subset_num_batches=cfg.train_subset_num_batches, eval_subset_num_batches=cfg.eval_subset_num_batches)
+    build_s = time.perf_counter() - t_build
+    if trainer.total_steps != s["total_steps"]:
+        raise SystemExit(f"schedule length mismatch: trainer {trainer.total_steps}, torch side {s['total_steps']}")
+    trainer.fit()
+    out = summarize("jaxcomposer", rec.history, rec.images, rec.train_time, rec.first_step_s, s)
+    out["trainer_build_s"] = round(build_s, 3)
+    out["num_params"] = int(sum(x.size for x in jax.tree_util.tree_leaves(trainer.state.train_state.params)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def summarize(name, history, images, train_time, first_step_s, s) -> dict:
+    bs = s["cfg"].data.batch_size
+    hit = next((h for h in history if h["accuracy"] >= TARGET_ACC), None)
+    steady_t = train_time - (first_step_s or 0.0)
+    return {"side": name, "epochs": [{k: round(v, 4) if isinstance(v, float) else v for k, v in h.items()}
+                                     for h in history],
+            "final_accuracy": history[-1]["accuracy"] if history else None,
+            "total_wall_s": round(history[-1]["wall_s"], 3) if history else None,
+            "train_images": images, "train_s": round(train_time, 3),
+            "images_per_s": round(images / train_time, 1) if train_time else None,
+            "images_per_s_after_first_step": round((images - bs) / steady_t, 1) if steady_t > 0 and images > bs
+            else None,
+            "first_step_s": round(first_step_s, 3) if first_step_s is not None else None,
+            f"time_to_{int(TARGET_ACC * 100)}pct_s": round(hit["wall_s"], 3) if hit else None,
+            f"epoch_to_{int(TARGET_ACC * 100)}pct": hit["epoch"] if hit else None}
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--epochs", type=int, default=None, help="default: the config's max_duration")
+    ap.add_argument("--only", choices=["torch", "jax"], default=None)
+    ap.add_argument("--torch-memory-format", choices=["channels_last", "contiguous"], default="channels_last")
+    ap.add_argument("--smoke", action="store_true", help="1 epoch of 5 batches, 1 eval batch: checks the script")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    args = ap.parse_args(argv)
+    if args.smoke and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
+
+    s = load_setup(args.config, args.epochs, args.smoke)
+    s["torch_memory_format"] = args.torch_memory_format
+    sides = {}
+    if args.only in (None, "torch"):
+        sides["torch"] = run_torch(s)
+    if args.only in (None, "jax"):
+        sides["jaxcomposer"] = run_jax(s)
+
+    cfg = s["cfg"]
+    key = f"time_to_{int(TARGET_ACC * 100)}pct_s"
+    out = {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
+           "setup": {"config": os.path.relpath(args.config, ROOT), "overrides": s["overrides"],
+                     "data": s["info"].name, "data_fallback": s["info"].fallback_note,
+                     "model": cfg.model, "batch_size": cfg.data.batch_size, "eval_batch_size": cfg.data.eval_batch_size,
+                     "epochs": s["epochs"], "steps_per_epoch": s["steps_per_epoch"], "total_steps": s["total_steps"],
+                     "optimizer": cfg.optimizer, "schedulers": cfg.schedulers, "label_smoothing": s["label_smoothing"],
+                     "ema": s["ema"], "eval": "after every epoch, with EMA weights on both sides",
+                     "torch": f"torch.set_num_threads(2), NCHW tensors, memory format {args.torch_memory_format}, "
+                              "eager (no torch.compile)",
+                     "jax": "Trainer on the default device(s), fp32, progress bar and loggers off",
+                     "known_differences": ["BN running variance: torch keeps the unbiased batch variance, flax the "
+                                           "biased one", "weight init draws differ (same distributions)"]},
+           "target_accuracy": TARGET_ACC, "sides": sides}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+    names = list(sides)
+    print(f"\n{NAME}: {s['info'].name}, {s['epochs']} epoch(s) x {s['steps_per_epoch']} steps, batch "
+          f"{cfg.data.batch_size}{'  [SMOKE]' if args.smoke else ''}")
+    print(f"{'epoch':>5} " + " ".join(f"{n + ' acc':>16} {n + ' wall s':>18}" for n in names))
+    for e in range(s["epochs"]):
+        row = []
+        for n in names:
+            h = next((h for h in sides[n]["epochs"] if h["epoch"] == e + 1), None)
+            row.append(f"{fmt(h and h['accuracy'], '.4f'):>16} {fmt(h and h['wall_s'], '.1f'):>18}")
+        print(f"{e + 1:>5} " + " ".join(row))
+    print(f"{'':>5} " + " ".join(f"{n:>35}" for n in names))
+    for label, k, spec in (("train img/s", "images_per_s", ".1f"),
+                           ("img/s excl. 1st step", "images_per_s_after_first_step", ".1f"),
+                           ("first step s", "first_step_s", ".2f"),
+                           ("params", "num_params", "d"),
+                           (f"time to {TARGET_ACC:.0%} s", key, ".1f"),
+                           ("total wall s", "total_wall_s", ".1f"),
+                           ("final acc", "final_accuracy", ".4f")):
+        print(f"{label:<21}" + "".join(f"{fmt(sides[n][k], spec):>20}" for n in names))
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Trainer step throughput vs. a hand-written jitted loop of the same model (goal: within 5%).
+
+Model, batch size and optimizer come from ``configs/quickstart.yaml``. No schedulers, no algorithms, no eval,
+``progress_bar=False``, one CPU device (``devices=jax.devices()[:1]``; the hand loop uses no sharding). Both sides
+train on the same pool of host numpy batches (Fashion-MNIST, normalized on the host as ``jaxcomposer fit`` does;
+random data of the same shape when the dataset is missing).
+
+Two sync modes, both measured, interleaved A, B, A, B ... over ``--rounds`` rounds of ``--steps`` steps after a
+warm-up (compile) round:
+
+- ``loss``: the loss is read every step on both sides (hand loop: ``float(loss)``; trainer: a callback that reads
+  ``state.batch_metrics['loss']`` at BATCH_END, as a progress bar or console logger would). This is the headline.
+- ``async``: nobody reads the loss per step (the trainer as configured here logs to no destination, so it never
+  syncs); each round ends with ``jax.block_until_ready``.
+
+Run:  .venv/bin/python benchmarks/trainer_overhead.py            (full)
+      .venv/bin/python benchmarks/trainer_overhead.py --smoke    (a few steps, < 60 s)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from flax import nnx
+
+import jaxcomposer
+from jaxcomposer import ComposerClassifier, Trainer
+from jaxcomposer.core.events import Callback
+from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.core.time import Time, TimeUnit
+from jaxcomposer.data.datasets import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, fashion_mnist_available,
+                                       load_fashion_mnist, normalize_images)
+from jaxcomposer.models import ResNetCIFAR
+from jaxcomposer.optim import DecoupledSGDW
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "trainer_overhead"
+
+
+def machine_facts() -> dict:
+    import flax
+    import optax
+    try:
+        import torch
+        torch_version = torch.__version__
+    except Exception:  # noqa: BLE001 - torch is optional here
+        torch_version = None
+    return {"cpu_count": os.cpu_count(),
+            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(), "jax": jax.__version__, "jaxlib": jax.lib.__version__
+            if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
+            "torch": torch_version, "jaxcomposer": getattr(jaxcomposer, "__version__", None),
+            "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+def load_quickstart(path: Path) -> dict:
+    cfg = yaml.safe_load(path.read_text())
+    opt = dict(cfg["optimizer"])
+    if opt.pop("name") != "decoupled_sgdw":
+        raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
+    model = {k: v for k, v in cfg["model"].items() if k != "name"}
+    return {"model": model, "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt,
+            "seed": int(cfg.get("seed", 0))}
+
+
+def make_batches(batch_size: int, count: int, seed: int) -> tuple[list[dict], str]:
+    """``count`` host batches ``{'input': float32 (B,28,28,1) normalized, 'target': int32 (B,)}``."""
+    rng = np.random.default_rng(seed)
+    if fashion_mnist_available():
+        train = load_fashion_mnist("train")
+        idx = rng.permutation(len(train["target"]))[: batch_size * count]
+        x, y = train["input"][idx], train["target"][idx].astype(np.int32)
+        source = "fashion_mnist (real, /usr/share/datasets/fashion-mnist)"
+    else:
+        x = rng.integers(0, 256, (batch_size * count, 28, 28, 1), dtype=np.uint8)
+        y = rng.integers(0, 10, (batch_size * count,), dtype=np.int32)
+        source = "random uint8 data of Fashion-MNIST's shape (dataset not installed)"
+    x = normalize_images(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+    batches = [{"input": np.ascontiguousarray(x[i * batch_size:(i + 1) * batch_size]),
+                "target": np.ascontiguousarray(y[i * batch_size:(i + 1) * batch_size])} for i in range(count)]
+    return batches, source
+
+
+class CyclingLoader:
+    """``steps`` batches per epoch, cycling through the shared pool of numpy batches."""
+
+    def __init__(self, pool: list[dict], steps: int):
+        self.pool, self.steps = pool, steps
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        for i in range(self.steps):
+            yield self.pool[i % len(self.pool)]
+
+
+class ReadLoss(Callback):
+    """Reads the step loss on the host every batch, like a progress bar does (a device sync per step)."""
+
+    def batch_end(self, state, logger):
+        self.last = float(state.batch_metrics["loss"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+class TrainerSide:
+    def __init__(self, q: dict, pool: list[dict], steps: int, total: int, read_loss: bool):
+        module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
+        self.trainer = Trainer(model=ComposerClassifier(module, num_classes=10),
+                               train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
+                               max_duration=f"{total}ba", optimizers=DecoupledSGDW(**q["optimizer"]),
+                               schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
+                               seed=q["seed"], devices=jax.devices()[:1],
+                               callbacks=[ReadLoss()] if read_loss else None)
+        self.done = 0
+
+    def run(self, n: int) -> float:
+        """Train ``n`` more batches; returns seconds (ends synced)."""
+        self.done += n
+        # Trainer.fit() has no duration argument: move the stopping point (total_steps stays as built, which
+        # only matters to schedulers/EMA, and there are none here).
+        self.trainer.max_duration = Time(self.done, TimeUnit.BATCH)
+        self.trainer.state.max_duration = self.trainer.max_duration
+        t0 = time.perf_counter()
+        self.trainer.fit()
+        jax.block_until_ready(self.trainer.state.train_state)
+        return time.perf_counter() - t0
+
+
+class HandSide:
+    def __init__(self, q: dict, pool: list[dict], read_loss: bool):
+        module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
+        graphdef, params, bn_state = nnx.split(module, nnx.Param, ...)
+        tx = DecoupledSGDW(**q["optimizer"])
+
+        def step(params, bn_state, opt_state, x, y):
+            def loss_fn(p):
+                model = nnx.merge(graphdef, p, bn_state, copy=True)
+                logits = model(x, train=True)
+                _, _, new_state = nnx.split(model, nnx.Param, ...)
+                return soft_cross_entropy(logits, y).mean(), new_state
+
+            (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = jax.tree.map(lambda p, u: p + u, params, updates)
+            return params, new_state, opt_state, loss
+
+        self.step = jax.jit(step, donate_argnums=(0, 1, 2))
+        self.params, self.bn_state, self.opt_state = params, bn_state, tx.init(params)
+        self.pool, self.read_loss, self.i = pool, read_loss, 0
+        self.last = None
+
+    def run(self, n: int) -> float:
+        t0 = time.perf_counter()
+        loss = None
+        for _ in range(n):
+            b = self.pool[self.i % len(self.pool)]
+            self.i += 1
+            x, y = jax.device_put(b["input"]), jax.device_put(b["target"])
+            self.params, self.bn_state, self.opt_state, loss = self.step(self.params, self.bn_state,
+                                                                         self.opt_state, x, y)
+            if self.read_loss:
+                self.last = float(loss)
+        jax.block_until_ready((self.params, self.bn_state, self.opt_state))
+        return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--steps", type=int, default=100, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (includes compile)")
+    ap.add_argument("--modes", default="loss,async", help="comma list of sync modes: loss, async")
+    ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.steps, args.rounds, args.warmup = 4, 2, 2
+        if args.out == ap.get_default("out"):
+            args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in ("loss", "async") for m in modes):
+        ap.error("--modes: a comma list of 'loss' and 'async'")
+
+    q = load_quickstart(Path(args.config))
+    bs = q["batch_size"]
+    pool, source = make_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
+    total = args.warmup + args.rounds * args.steps
+
+    sides = {}
+    for m in modes:
+        sides[("trainer", m)] = TrainerSide(q, pool, args.steps, total, read_loss=(m == "loss"))
+        sides[("hand", m)] = HandSide(q, pool, read_loss=(m == "loss"))
+    warm = {}
+    for key, side in sides.items():  # warm-up: compile + first steps, untimed in the rounds
+        warm[f"{key[0]}/{key[1]}"] = round(side.run(args.warmup), 3)
+
+    times: dict = {k: [] for k in sides}
+    for r in range(args.rounds):  # interleaved: A, B, A, B ...
+        for key, side in sides.items():
+            times[key].append(side.run(args.steps))
+
+    results = {}
+    for m in modes:
+        tr = [bs * args.steps / t for t in times[("trainer", m)]]
+        hd = [bs * args.steps / t for t in times[("hand", m)]]
+        ratios = [a / b for a, b in zip(tr, hd)]
+        results[m] = {"trainer_images_per_s": [round(v, 1) for v in tr],
+                      "hand_images_per_s": [round(v, 1) for v in hd],
+                      "ratio_trainer_over_hand": [round(v, 4) for v in ratios],
+                      "median_trainer_images_per_s": round(statistics.median(tr), 1),
+                      "median_hand_images_per_s": round(statistics.median(hd), 1),
+                      "median_ratio": round(statistics.median(ratios), 4),
+                      "within_5pct": statistics.median(ratios) >= 0.95}
+
+    out = {"benchmark": NAME, "smoke": args.smoke, "goal": "trainer within 5% of the hand-written loop "
+           "(median ratio trainer/hand >= 0.95)", "machine": machine_facts(),
+           "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": "resnet_cifar", **q["model"]},
+                     "batch_size": bs, "optimizer": {"name": "decoupled_sgdw", **q["optimizer"]},
+                     "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
+                     "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,
+                     "devices": "single CPU device: Trainer(devices=jax.devices()[:1]); hand loop unsharded "
+                                "jax.device_put to the default device",
+                     "loss": "soft cross-entropy on integer targets (mean over the batch), both sides",
+                     "modes": {"loss": "loss read on the host every step on both sides (hand: float(loss); "
+                                       "trainer: BATCH_END callback float(batch_metrics['loss']))",
+                               "async": "no per-step read; each round ends with block_until_ready"}},
+           "warmup_s": warm, "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+    print(f"\n{NAME}: batch {bs}, {args.rounds} rounds x {args.steps} steps, data: {source.split(' (')[0]}"
+          f"{'  [SMOKE]' if args.smoke else ''}")
+    print(f"{'mode':<7} {'round':>5} {'trainer img/s':>14} {'hand img/s':>12} {'ratio':>7}")
+    for m in modes:
+        r = results[m]
+        for i in range(args.rounds):
+            print(f"{m:<7} {i:>5} {r['trainer_images_per_s'][i]:>14.1f} {r['hand_images_per_s'][i]:>12.1f} "
+                  f"{r['ratio_trainer_over_hand'][i]:>7.3f}")
+        print(f"{m:<7} {'med':>5} {r['median_trainer_images_per_s']:>14.1f} {r['median_hand_images_per_s']:>12.1f} "
+              f"{r['median_ratio']:>7.3f}  {'OK (within 5%)' if r['within_5pct'] else 'SLOWER than 5%'}")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

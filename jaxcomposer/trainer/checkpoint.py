@@ -1,0 +1,55 @@
+"""Saving and restoring a run: the whole ``TrainState`` pytree (orbax) plus the host-side timestamp (JSON).
+
+The data position needs no file of its own: it is a function of the timestamp (epoch, batch in epoch), because
+loaders are deterministic per (seed, epoch) and resume by position. That is what makes a resumed run draw the same
+batches and the same random keys (``fold_in(key, step)``) as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxcomposer.core.time import Timestamp
+
+STATE_DIR = "state"
+META_FILE = "meta.json"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(path: str | Path, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> Path:
+    """Write ``path/state`` (orbax, atomic: a torn save is never visible as complete) and ``path/meta.json``."""
+    path = Path(path).absolute()  # orbax requires absolute paths (it fails late, in a background thread, otherwise)
+    if (path / META_FILE).exists():
+        raise CheckpointError(f"save_checkpoint: {path} already holds a checkpoint; choose a new path "
+                              "(nothing saved is ever overwritten)")
+    path.mkdir(parents=True, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path / STATE_DIR, train_state)
+        ckptr.wait_until_finished()
+    # meta.json last: its presence marks the checkpoint complete
+    (path / META_FILE).write_text(json.dumps({"timestamp": timestamp.state_dict(), **(meta or {})}, indent=1))
+    return path
+
+
+def load_checkpoint(path: str | Path, target_state: Any) -> tuple[Any, Timestamp, dict]:
+    """Restore onto ``target_state``'s structure, shapes, dtypes and shardings; raise clearly if it does not fit."""
+    path = Path(path).absolute()
+    if not (path / META_FILE).is_file() or not (path / STATE_DIR).is_dir():
+        raise CheckpointError(f"load_path: {path} is not a complete jaxcomposer checkpoint "
+                              f"(expected {STATE_DIR}/ and {META_FILE} inside it)")
+    meta = json.loads((path / META_FILE).read_text())
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            restored = ckptr.restore(path / STATE_DIR, abstract)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"load_path: {path} does not match this model/optimizer/recipe "
+                              f"(changed shapes or methods?): {e}") from e
+    return restored, Timestamp.from_state_dict(meta["timestamp"]), meta
