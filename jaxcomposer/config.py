@@ -55,8 +55,11 @@ SCHEDULERS: dict[str, Callable] = {snake(n).removesuffix("_scheduler"): getattr(
 # Composer's registry spellings (``mixup``, ``cutout``, ``label_smoothing``); lookups ignore case and underscores,
 # so the class names (``MixUp``, ``LabelSmoothing``) work too.
 ALGORITHMS: dict[str, Callable] = {n: getattr(algorithms_lib, c) for n, c in algorithms_lib.REGISTRY.items()}
-CALLBACKS: dict[str, Callable] = {snake(n): getattr(callbacks_lib, n) for n in callbacks_lib.__all__
-                                  if n[0].isupper() and not n.endswith("Error")}
+CALLBACKS: dict[str, Callable] = {
+    "speed_monitor": callbacks_lib.SpeedMonitor, "lr_monitor": callbacks_lib.LRMonitor,
+    "nan_monitor": callbacks_lib.NaNMonitor, "early_stopper": callbacks_lib.EarlyStopper,
+    "threshold_stopper": callbacks_lib.ThresholdStopper,
+}
 
 
 def lookup(registry: Mapping[str, Callable], name: Any) -> str | None:

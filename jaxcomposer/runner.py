@@ -31,6 +31,16 @@ class FitResult:
     fallback_note: str | None = None
 
 
+def fresh_run_dir(parent: Path, run_name: str) -> Path:
+    """``parent/run_name``, or ``run_name-2``, ``-3``, ... when an earlier run already wrote there: a new run never
+    appends to or overwrites an old run's files."""
+    candidate, n = parent / run_name, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        n += 1
+        candidate = parent / f"{run_name}-{n}"
+    return candidate
+
+
 def model_builder(name: str) -> Callable:
     """The model class for a config's ``model.name``; its constructor's keywords are the config keys."""
     return {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "gpt": GPT}[name]
@@ -63,7 +73,7 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """
     cfg = config_lib.load_config(config, overrides)
     run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run_dir).absolute() / run_name
+    run_dir = fresh_run_dir(Path(cfg.run_dir).absolute(), run_name)
     d = cfg.data
     train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
                                       seq_len=d.seq_len, max_bytes=d.max_bytes)

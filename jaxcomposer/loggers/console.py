@@ -28,7 +28,9 @@ class ConsoleLogger(LoggerDestination):
 
     def _print(self, line: str) -> None:
         stream = self.stream if self.stream is not None else sys.stderr
-        print(line, file=stream, flush=True)
+        from tqdm import tqdm
+        tqdm.write(line, file=stream)  # clears and redraws an active progress bar instead of writing into it
+        stream.flush()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         # Eval metrics are already host floats, so converting them here never waits for a training step.

@@ -99,6 +99,14 @@ def _check_positive(n: int, name: str, t: Time) -> int:
 class ComposerScheduler:
     """Base class: subclasses are frozen dataclasses and implement ``_build(ctx) -> alpha(step)``."""
 
+    _TIME_FIELDS = ("t_max", "t_warmup", "t_0", "step_size", "decay_period")
+
+    def __post_init__(self):
+        # Time arguments arrive as strings or Times; parse them once, naming the argument in any error.
+        for name in self._TIME_FIELDS:
+            if hasattr(self, name):
+                object.__setattr__(self, name, _time(getattr(self, name), name))
+
     def schedule(
         self,
         *,
@@ -148,9 +156,6 @@ class StepScheduler(ComposerScheduler):
     step_size: TimeLike
     gamma: float = 0.1
 
-    def __post_init__(self):
-        object.__setattr__(self, "step_size", _time(self.step_size, "step_size"))
-
     def _build(self, ctx):
         size = _check_positive(ctx.batches(self.step_size), "step_size", self.step_size)
         gamma = self.gamma
@@ -191,9 +196,6 @@ class ConstantScheduler(ComposerScheduler):
     alpha: float = 1.0
     t_max: TimeLike = "1dur"
 
-    def __post_init__(self):
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
-
     def _build(self, ctx):
         t_max, alpha = ctx.batches(self.t_max), self.alpha
         return lambda step: jnp.where(jnp.asarray(step) < t_max, jnp.float32(alpha), jnp.float32(1.0))
@@ -207,9 +209,6 @@ class LinearScheduler(ComposerScheduler):
     alpha_f: float = 0.0
     t_max: TimeLike = "1dur"
 
-    def __post_init__(self):
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
-
     def _build(self, ctx):
         t_max, a_i, a_f = ctx.batches(self.t_max), self.alpha_i, self.alpha_f
         return lambda step: a_i + (a_f - a_i) * _frac(_float(step), 0, t_max)
@@ -221,9 +220,6 @@ class ExponentialScheduler(ComposerScheduler):
 
     gamma: float
     decay_period: TimeLike = "1ep"
-
-    def __post_init__(self):
-        object.__setattr__(self, "decay_period", _time(self.decay_period, "decay_period"))
 
     def _build(self, ctx):
         period = _check_positive(ctx.batches(self.decay_period), "decay_period", self.decay_period)
@@ -237,9 +233,6 @@ class CosineAnnealingScheduler(ComposerScheduler):
 
     t_max: TimeLike = "1dur"
     alpha_f: float = 0.0
-
-    def __post_init__(self):
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
 
     def _build(self, ctx):
         t_max, a_f = ctx.batches(self.t_max), self.alpha_f
@@ -256,7 +249,7 @@ class CosineAnnealingWarmRestartsScheduler(ComposerScheduler):
     alpha_f: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "t_0", _time(self.t_0, "t_0"))
+        super().__post_init__()
         if not self.t_mult > 0:
             raise ValueError(f"t_mult must be > 0, got {self.t_mult!r}.")
 
@@ -294,9 +287,6 @@ class PolynomialScheduler(ComposerScheduler):
     power: float
     t_max: TimeLike = "1dur"
     alpha_f: float = 0.0
-
-    def __post_init__(self):
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
 
     def _build(self, ctx):
         t_max, a_f, power = ctx.batches(self.t_max), self.alpha_f, self.power
@@ -352,7 +342,7 @@ class MultiStepWithWarmupScheduler(_Warmup):
     scale_warmup: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "t_warmup", _time(self.t_warmup, "t_warmup"))
+        super().__post_init__()
         object.__setattr__(self, "milestones", MultiStepScheduler(self.milestones).milestones)
 
     def _build(self, ctx):
@@ -371,10 +361,6 @@ class ConstantWithWarmupScheduler(_Warmup):
     t_max: TimeLike = "1dur"
     scale_warmup: bool = False
 
-    def __post_init__(self):
-        object.__setattr__(self, "t_warmup", _time(self.t_warmup, "t_warmup"))
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
-
     def _build(self, ctx):
         t_w = self._warmup_batches(ctx)
         self._check_warmup(t_w, ctx.batches(self.t_max), "t_max")
@@ -391,10 +377,6 @@ class LinearWithWarmupScheduler(_Warmup):
     alpha_f: float = 0.0
     t_max: TimeLike = "1dur"
     scale_warmup: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "t_warmup", _time(self.t_warmup, "t_warmup"))
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
 
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
@@ -418,10 +400,6 @@ class CosineAnnealingWithWarmupScheduler(_Warmup):
     alpha_f: float = 0.0
     scale_warmup: bool = False
 
-    def __post_init__(self):
-        object.__setattr__(self, "t_warmup", _time(self.t_warmup, "t_warmup"))
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
-
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
         self._check_warmup(t_w, t_max, "t_max")
@@ -444,10 +422,6 @@ class PolynomialWithWarmupScheduler(_Warmup):
     t_max: TimeLike = "1dur"
     alpha_f: float = 0.0
     scale_warmup: bool = False
-
-    def __post_init__(self):
-        object.__setattr__(self, "t_warmup", _time(self.t_warmup, "t_warmup"))
-        object.__setattr__(self, "t_max", _time(self.t_max, "t_max"))
 
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)

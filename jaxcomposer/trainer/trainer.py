@@ -102,7 +102,7 @@ class Trainer:
         self.total_steps = self._total_steps()
         alpha = compose_schedules(schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch,
                                   ssr=scale_schedule_ratio)
-        self.lr_multiplier = alpha
+        self.lr_multiplier = jax.jit(alpha)  # jitted: LRMonitor may ask every batch
         self.tx = self.composed.wrap_tx(optax.chain(base, optax.scale_by_schedule(alpha)))
 
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
