@@ -97,7 +97,12 @@ class Trainer:
         self.scale_schedule_ratio = scale_schedule_ratio
 
         self.task = self.composed.apply_model(model)
-        base = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)
+        if isinstance(optimizers, (list, tuple)):  # Composer accepts a list holding its one optimizer
+            if len(optimizers) != 1:
+                raise ConfigurationError(f"optimizers: exactly one optimizer is supported (as in Composer), got "
+                                         f"{len(optimizers)}; combine parameter groups with optax.multi_transform")
+            optimizers = optimizers[0]
+        base = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         self.base_lr = getattr(base, "lr", None)
         self.total_steps = self._total_steps()
         alpha = compose_schedules(schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch,

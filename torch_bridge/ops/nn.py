@@ -1,0 +1,342 @@
+"""Neural-network ATen ops: convolution, linear/matmul, normalization, embedding, attention, dropout, pooling, padding.
+
+Layouts stay torch's (NCHW activations, OIHW weights), so a bridged state_dict needs no transposes. Explicit
+reshapes replace implicit broadcasting because jaxcomposer runs JAX with rank promotion set to raise.
+
+Mutating overloads (``_native_batch_norm_legit.default`` with its ``Tensor(a!)`` running stats) are deliberately not
+lowered: ``run_decompositions`` functionalizes them away, and lowering them as pure functions would silently drop
+the mutation (torchax's BatchNorm bug, reference/bridge.md §1a).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import torch
+
+from .registry import lower, to_jnp_dtype
+
+A = torch.ops.aten
+_SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
+
+
+def _lead(v, ndim):
+    """Left-pad ``v``'s shape with ones to ``ndim`` dims (explicit numpy broadcasting, rank promotion is off)."""
+    return v.reshape((1,) * (ndim - v.ndim) + v.shape)
+
+
+def _channel(v, ndim):
+    """A per-channel ``(C,)`` vector shaped to broadcast against ``(N, C, *spatial)``."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _tuple(v, n):
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(v)
+    return v * n if len(v) == 1 else v
+
+
+def require_key(key, op: str):
+    if key is None:
+        raise ValueError(f"torch_bridge: {op} needs a PRNG key in train mode; pass key=jax.random.key(...) to apply")
+    return key
+
+
+def _stats_dtype(x):
+    """Statistics in float32 for half inputs, as torch's CPU/CUDA kernels accumulate."""
+    return jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+
+
+# --------------------------------------------------------------------------------------------- conv / linear
+@lower(A.convolution.default)
+def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    nd = w.ndim - 2
+    unbatched = x.ndim == nd + 1
+    x = x[None] if unbatched else x
+    sp = _SPATIAL[nd]
+    dn = ("NC" + sp, "OI" + sp, "NC" + sp)
+    stride, dilation = _tuple(stride, nd), _tuple(dilation, nd)
+    k = w.shape[2:]
+    if transposed:  # gradient-of-conv form: dilate the input, flip the kernel, swap I/O inside each group
+        padding, output_padding = _tuple(padding, nd), _tuple(output_padding, nd)
+        pads = [(d * (ki - 1) - p, d * (ki - 1) - p + op)
+                for ki, p, d, op in zip(k, padding, dilation, output_padding)]
+        cin, cout_g = w.shape[:2]
+        w = w.reshape((groups, cin // groups, cout_g) + k).swapaxes(1, 2).reshape((groups * cout_g, cin // groups) + k)
+        w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+        y = lax.conv_general_dilated(x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation,
+                                     dimension_numbers=dn, feature_group_count=groups)
+    else:
+        if padding == "valid":
+            pads = [(0, 0)] * nd
+        elif padding == "same":  # torch puts the odd extra pixel on the right
+            pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
+        else:
+            pads = [(p, p) for p in _tuple(padding, nd)]
+        y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                     feature_group_count=groups)
+    if b is not None:
+        y = y + _channel(b, y.ndim)
+    return y[0] if unbatched else y
+
+
+@lower(A.conv1d.default, A.conv1d.padding, A.conv2d.default, A.conv2d.padding, A.conv3d.default, A.conv3d.padding)
+def conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    return convolution(x, w, b, stride, padding, dilation, False, 0, groups)
+
+
+@lower(A.conv_transpose1d.default, A.conv_transpose2d.input, A.conv_transpose3d.input)
+def conv_transpose(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return convolution(x, w, b, stride, padding, dilation, True, output_padding, groups)
+
+
+@lower(A.linear.default)
+def linear(x, w, b=None):
+    y = jnp.matmul(x, w.T)
+    return y if b is None else y + _lead(b, y.ndim)
+
+
+@lower(A.addmm.default)
+def addmm(bias, m1, m2, *, beta=1, alpha=1):
+    y = jnp.matmul(m1, m2)
+    y = y if alpha == 1 else alpha * y
+    return y + (beta * _lead(bias, 2) if beta != 1 else _lead(bias, 2))
+
+
+@lower(A.mm.default, A.bmm.default, A.matmul.default)
+def matmul(a, b):
+    return jnp.matmul(a, b)
+
+
+# --------------------------------------------------------------------------------------------- normalization
+def _batch_norm(x, weight, bias, mean, var, eps):
+    xf = x.astype(_stats_dtype(x))
+    out = (xf - _channel(mean, x.ndim)) * _channel(lax.rsqrt(var + eps), x.ndim)
+    if weight is not None:
+        out = out * _channel(weight, x.ndim)
+    if bias is not None:
+        out = out + _channel(bias, x.ndim)
+    return out.astype(x.dtype)
+
+
+def _batch_stats(x):
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    xf = x.astype(_stats_dtype(x))
+    return xf.mean(axes), xf.var(axes), x.size // x.shape[1]
+
+
+@lower(A._native_batch_norm_legit_functional.default)
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Returns (out, save_mean, save_rstd, new_running_mean, new_running_var) like torch.
+
+    Normalization uses the biased batch variance; the running variance is updated with the unbiased one, as torch
+    does. Running stats are stop-gradient: they are state, not part of the loss.
+    """
+    if not training:
+        out = _batch_norm(x, weight, bias, running_mean, running_var, eps)
+        return out, running_mean, lax.rsqrt(running_var + eps), running_mean, running_var
+    mean, var, n = _batch_stats(x)
+    out = _batch_norm(x, weight, bias, mean, var, eps)
+    m_stat, v_stat = lax.stop_gradient(mean), lax.stop_gradient(var * (n / max(n - 1, 1)))
+    new_rm = ((1 - momentum) * running_mean + momentum * m_stat).astype(running_mean.dtype)
+    new_rv = ((1 - momentum) * running_var + momentum * v_stat).astype(running_var.dtype)
+    return out, mean, lax.rsqrt(var + eps), new_rm, new_rv
+
+
+@lower(A._native_batch_norm_legit_no_training.default)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    out = _batch_norm(x, weight, bias, running_mean, running_var, eps)
+    empty = jnp.zeros((0,), out.dtype)  # torch returns empty save_mean / save_rstd in eval
+    return out, empty, empty
+
+
+@lower(A._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    """BatchNorm with ``track_running_stats=False``: always batch statistics, no state."""
+    mean, var, _ = _batch_stats(x)
+    return _batch_norm(x, weight, bias, mean, var, eps), mean, lax.rsqrt(var + eps)
+
+
+@lower(A.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    xf = x.astype(_stats_dtype(x))
+    mean = xf.mean(axes, keepdims=True)
+    rstd = lax.rsqrt(xf.var(axes, keepdims=True) + eps)
+    out = (xf - mean) * rstd
+    if weight is not None:
+        out = out * _lead(weight, x.ndim)
+    if bias is not None:
+        out = out + _lead(bias, x.ndim)
+    return out.astype(x.dtype), mean, rstd
+
+
+@lower(A.layer_norm.default)
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return native_layer_norm(x, normalized_shape, weight, bias, eps)[0]
+
+
+@lower(A.native_group_norm.default)
+def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    xf = x.astype(_stats_dtype(x)).reshape((N, group, -1))
+    mean = xf.mean(-1, keepdims=True)
+    rstd = lax.rsqrt(xf.var(-1, keepdims=True) + eps)
+    out = ((xf - mean) * rstd).reshape(x.shape)
+    if weight is not None:
+        out = out * _channel(weight, x.ndim)
+    if bias is not None:
+        out = out + _channel(bias, x.ndim)
+    return out.astype(x.dtype), mean[..., 0], rstd[..., 0]
+
+
+@lower(A.group_norm.default)
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    n, c = x.shape[:2]
+    return native_group_norm(x, weight, bias, n, c, math.prod(x.shape[2:]), num_groups, eps)[0]
+
+
+@lower(A.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise NotImplementedError("torch_bridge: embedding(scale_grad_by_freq=True) is not lowered")
+    out = jnp.take(weight, indices, axis=0)
+    if padding_idx is not None and padding_idx >= 0:  # torch gives the padding row no gradient
+        pad = (indices == padding_idx)[..., None]
+        out = jnp.where(pad, lax.stop_gradient(out), out)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- dropout
+def _dropout(x, p, key, op):
+    if p == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    if p >= 1:
+        return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
+    keep = jax.random.bernoulli(require_key(key, op), 1.0 - p, x.shape)
+    return jnp.where(keep, x / (1.0 - p), 0).astype(x.dtype), keep
+
+
+@lower(A.native_dropout.default, random=True)
+def native_dropout(x, p, train=None, *, key=None):
+    """(out, keep_mask): mask ~ Bernoulli(1-p), kept values scaled by 1/(1-p); ``train=None`` means training."""
+    if train is False:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    return _dropout(x, p, key, "native_dropout")
+
+
+@lower(A.dropout.default, random=True)
+def dropout(x, p, train, *, key=None):
+    return _dropout(x, p, key, "dropout")[0] if train else x
+
+
+# --------------------------------------------------------------------------------------------- attention
+@lower(A.scaled_dot_product_attention.default, random=True)
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False, key=None):
+    """torch (B, H, T, D) -> ``jax.nn.dot_product_attention`` (B, T, H, D); a 3-D input is one head.
+
+    ``key`` is the PRNG key (the registry's convention); torch's ``key`` tensor arrives positionally as ``k``.
+    jax.nn.dot_product_attention has no dropout, so ``dropout_p > 0`` takes an explicit softmax path.
+    Grouped K/V heads (``enable_gqa``) map query head n to kv head n // (Hq/Hkv) in both libraries.
+    """
+    three_d = q.ndim == 3
+    if three_d:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    b, hq, t, d = q.shape
+    s = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    mask = bias = None
+    if attn_mask is not None:
+        m = jnp.broadcast_to(_lead(attn_mask, 4), (b, hq, t, s))
+        mask, bias = (m, None) if m.dtype == jnp.bool_ else (None, m.astype(q.dtype))
+    if dropout_p > 0:
+        out = _attention_with_dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, key)
+    else:
+        out = jax.nn.dot_product_attention(q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias,
+                                           mask=mask, scale=scale, is_causal=is_causal).swapaxes(1, 2)
+    return out[:, 0] if three_d else out
+
+
+def _attention_with_dropout(q, k, v, mask, bias, is_causal, scale, p, key):
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    logits = jnp.einsum("bhtd,bhsd->bhts", q, k).astype(jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    if mask is not None:
+        logits = jnp.where(mask, logits, -jnp.inf)
+    if is_causal:
+        logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], jnp.bool_))[None, None], logits, -jnp.inf)
+    probs = _dropout(jax.nn.softmax(logits, axis=-1).astype(q.dtype), p, key, "scaled_dot_product_attention")[0]
+    return jnp.einsum("bhts,bhsd->bhtd", probs, v)
+
+
+# --------------------------------------------------------------------------------------------- activations
+lower(A.relu.default)(jax.nn.relu)
+lower(A.silu.default)(jax.nn.silu)
+lower(A.sigmoid.default)(jax.nn.sigmoid)
+lower(A.tanh.default)(jnp.tanh)
+lower(A.mish.default)(jax.nn.mish)
+
+
+@lower(A.gelu.default)
+def gelu(x, *, approximate="none"):
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@lower(A.hardtanh.default)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@lower(A.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lower(A.elu.default)
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return jnp.where(x > 0, scale * x, (scale * alpha) * jnp.expm1(x * input_scale))
+
+
+@lower(A.hardswish.default)
+def hardswish(x):
+    return x * jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@lower(A.hardsigmoid.default)
+def hardsigmoid(x):
+    return jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@lower(A.softplus.default)
+def softplus(x, beta=1.0, threshold=20.0):
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@lower(A._softmax.default)
+def _softmax(x, dim, half_to_float):
+    return jax.nn.softmax(x.astype(jnp.float32) if half_to_float else x, axis=dim)
+
+
+@lower(A._log_softmax.default)
+def _log_softmax(x, dim, half_to_float):
+    return jax.nn.log_softmax(x.astype(jnp.float32) if half_to_float else x, axis=dim)
+
+
+@lower(A.softmax.int)
+def softmax(x, dim, dtype=None):
+    return jax.nn.softmax(x if dtype is None else x.astype(to_jnp_dtype(dtype)), axis=dim)
+
+
+@lower(A.log_softmax.int)
+def log_softmax(x, dim, dtype=None):
+    return jax.nn.log_softmax(x if dtype is None else x.astype(to_jnp_dtype(dtype)), axis=dim)
+
+
+from . import nn_pool  # noqa: E402,F401  pooling and padding live next door to keep both files short
