@@ -118,7 +118,8 @@ class DatasetLoader:
         if isinstance(dataset, DataLoader):
             raise TypeError("from_dataset got a DataLoader; use torch_bridge.data.from_dataloader(dl) for it, or pass "
                             "its .dataset here")
-        if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+        if isinstance(dataset, IterableDataset) or not map_style:
             raise TypeError(f"from_dataset needs a map-style dataset (__len__ and __getitem__); got "
                             f"{type(dataset).__name__}. For an IterableDataset or a custom sampler wrap a "
                             "DataLoader with torch_bridge.data.from_dataloader(dl)")

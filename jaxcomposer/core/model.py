@@ -11,10 +11,12 @@ microbatching, masking padded eval examples and MixUp's ``interpolate_loss`` are
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 Batch = Mapping[str, Any]
@@ -48,14 +50,31 @@ def from_nnx(module: nnx.Module) -> PureModel:
     return PureModel(apply=apply, params=params, state=state)
 
 
-def to_pure_model(model: Any) -> PureModel:
+def is_torch_module(model: Any) -> bool:
+    # Checked without importing torch (a slow import) for users who never touch it.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def to_pure_model(model: Any, example_inputs: Any = None) -> PureModel:
+    """Native NNX modules, bridged torch models and torch modules (given example inputs) as pure models."""
     if isinstance(model, PureModel):
         return model
     if isinstance(model, nnx.Module):
         return from_nnx(model)
+    if hasattr(model, "as_pure_model"):  # torch_bridge.BridgedModel
+        return model.as_pure_model()
+    if is_torch_module(model):
+        if example_inputs is None:
+            raise TypeError("model: a torch.nn.Module needs example inputs to be exported; the Trainer takes them "
+                            "from the first batch, or call task.bind(batch) yourself.")
+        import torch
+        from torch_bridge import from_torch
+        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        inputs = tuple(torch.from_numpy(np.array(x)) for x in inputs)
+        return from_torch(model, inputs, dynamic_batch=True).as_pure_model()
     raise TypeError(
-        f"model: expected a flax.nnx.Module or a jaxcomposer PureModel, got {type(model).__name__}. "
-        "Wrap a torch.nn.Module with torch_bridge.from_torch first.")
+        f"model: expected a flax.nnx.Module, a torch.nn.Module or a jaxcomposer PureModel, got {type(model).__name__}.")
 
 
 class Task:
@@ -71,7 +90,34 @@ class Task:
     num_classes: int | None = None
 
     def __init__(self, model: Any):
-        self.pure = to_pure_model(model)
+        # A torch module is exported once example inputs are known (``bind``); everything else converts now.
+        self.source = model
+        self._pure = None if is_torch_module(model) else to_pure_model(model)
+
+    @property
+    def pure(self) -> PureModel:
+        if self._pure is None:
+            raise RuntimeError(f"{type(self).__name__}: the torch module is not converted yet; it needs example "
+                               "inputs: task.bind(batch) (the Trainer does this with the first batch).")
+        return self._pure
+
+    @pure.setter
+    def pure(self, value: PureModel) -> None:
+        self._pure = value
+
+    @property
+    def is_bound(self) -> bool:
+        return self._pure is not None
+
+    def bind(self, batch: Batch) -> "Task":
+        """Convert a torch module using ``batch`` as the example inputs (a no-op for models already pure)."""
+        if self._pure is None:
+            self._pure = to_pure_model(self.source, self.model_inputs(batch))
+        return self
+
+    def model_inputs(self, batch: Batch):
+        """What the model is called with, taken from a batch."""
+        return batch[self.input_key]
 
     @property
     def params(self):
@@ -85,11 +131,11 @@ class Task:
         """A copy of this task around another model (surgery returns new objects, it never edits in place)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
-        new.pure = to_pure_model(model)
+        new.source, new._pure = model, (None if is_torch_module(model) else to_pure_model(model))
         return new
 
     def forward(self, params, state, batch: Batch, *, train: bool, key=None):
-        return self.pure.apply(params, state, batch[self.input_key], train=train, key=key)
+        return self.pure.apply(params, state, self.model_inputs(batch), train=train, key=key)
 
     def loss(self, outputs, batch: Batch) -> jax.Array:  # (B,)
         raise NotImplementedError

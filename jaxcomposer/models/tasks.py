@@ -58,8 +58,8 @@ class ComposerCausalLM(Task):
         super().__init__(module)
         self.ignore_index = ignore_index
 
-    def forward(self, params, state, batch: Batch, *, train: bool, key=None):
-        return self.pure.apply(params, state, batch[self.input_key][:, :-1], train=train, key=key)
+    def model_inputs(self, batch: Batch):
+        return batch[self.input_key][:, :-1]
 
     def _targets(self, logits: jax.Array, batch: Batch) -> jax.Array:
         targets = batch["labels"] if "labels" in batch else batch[self.input_key][:, 1:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -18,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.core.events import Callback, Event, RunState
 from jaxcomposer.core.method import compose
-from jaxcomposer.core.model import Task
+from jaxcomposer.core.model import Task, is_torch_module
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
@@ -62,10 +63,15 @@ class Trainer:
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
                  load_path: str | Path | None = None, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
+        if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
+            from jaxcomposer.models.tasks import ComposerClassifier
+            model = ComposerClassifier(model)
         if not isinstance(model, Task):
             raise ConfigurationError(
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
+        train_dataloader = _as_loader(train_dataloader, "train_dataloader")
+        eval_dataloader = _as_loader(eval_dataloader, "eval_dataloader")
         self.precision = precision or "fp32"
         if self.precision not in steps.PRECISIONS:
             raise ConfigurationError(f"precision: got {precision!r}, expected one of {steps.PRECISIONS}")
@@ -96,8 +102,10 @@ class Trainer:
         self.steps_per_epoch = _len_or_none(train_dataloader, train_subset_num_batches)
         self.scale_schedule_ratio = scale_schedule_ratio
 
-        self.task = self.composed.apply_model(model)
-        if isinstance(optimizers, (list, tuple)):  # Composer accepts a list holding its one optimizer
+        self.task = self.composed.apply_model(model)  # surgery first: on a torch module it runs before export
+        if not self.task.is_bound:
+            self.task.bind(self._example_batch())
+        if isinstance(optimizers, (list, tuple)) and not hasattr(optimizers, "update"):  # Composer: [opt]
             if len(optimizers) != 1:
                 raise ConfigurationError(f"optimizers: exactly one optimizer is supported (as in Composer), got "
                                          f"{len(optimizers)}; combine parameter groups with optax.multi_transform")
@@ -252,6 +260,14 @@ class Trainer:
         elapsed, self._mark = now - self._mark, now
         return datetime.timedelta(seconds=elapsed)
 
+    def _example_batch(self) -> dict:
+        for loader in (self.train_dataloader, self.eval_dataloader):
+            if loader is not None:
+                for raw in loader:
+                    return as_batch(raw)
+        raise ConfigurationError("model: a torch module is exported with example inputs taken from the first "
+                                 "batch, but there is no train_dataloader or eval_dataloader to take it from")
+
     def _seek_train_data(self) -> None:
         """Point the loader at the timestamp's position. Loaders are deterministic per (seed, epoch), so this is
         what makes resume exact, and it also discards batches the prefetcher read ahead before a stop."""
@@ -336,6 +352,20 @@ class Trainer:
             raise ConfigurationError(f"eval_interval: got {value!r}, expected a positive number of epochs or batches "
                                      "such as '1ep' or '500ba' (0 disables evaluation)")
         return iv
+
+
+def _as_loader(loader, name: str):
+    """Torch DataLoaders are wrapped (numpy batches, epoch seeding); a bare torch Dataset has no batch size."""
+    torch = sys.modules.get("torch")
+    if torch is None or loader is None:
+        return loader
+    if isinstance(loader, torch.utils.data.DataLoader):
+        from torch_bridge.data import from_dataloader
+        return from_dataloader(loader)
+    if isinstance(loader, torch.utils.data.Dataset):
+        raise ConfigurationError(f"{name}: got a torch Dataset, which has no batch size; pass "
+                                 f"torch_bridge.data.from_dataset(dataset, batch_size=...) or a torch DataLoader")
+    return loader
 
 
 def _parse_max_duration(value) -> Time:

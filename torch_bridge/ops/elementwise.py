@@ -105,10 +105,19 @@ def _as(x, dtype):
     return jnp.asarray(x, dtype=dtype)
 
 
+def same_rank(*xs):
+    """Give every tensor with dimensions the same rank (leading 1s), so torch's broadcasting works under
+    ``jax_numpy_rank_promotion="raise"``; scalars, ``None`` and zero-dim tensors pass through."""
+    rank = max((x.ndim for x in xs if is_tensor(x)), default=0)
+    return tuple(x.reshape((1,) * (rank - x.ndim) + x.shape) if is_tensor(x) and 0 < x.ndim < rank else x
+                 for x in xs)
+
+
 def _binary(fn, kind="default"):
     """Wrap ``fn(a, b)`` with torch promotion. kind: default | int_to_float | bool_to_long | always_bool."""
 
     def run(a, b):
+        a, b = same_rank(a, b)
         dtype = result_dtype(a, b)
         if kind == "int_to_float":
             dtype = int_to_float(dtype)
@@ -141,6 +150,7 @@ def _scaled(other, alpha):
 
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
+    self, other = same_rank(self, other)
     dtype = result_dtype(self, other)
     c = opmath(dtype)
     return (_as(self, c) + _scaled(_as(other, c), alpha)).astype(dtype)
@@ -148,6 +158,7 @@ def add(self, other, alpha=1):
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
+    self, other = same_rank(self, other)
     dtype = result_dtype(self, other)
     c = opmath(dtype)
     return (_as(self, c) - _scaled(_as(other, c), alpha)).astype(dtype)
@@ -254,6 +265,7 @@ def pow_tensor_scalar(self, exponent):
 
 @lower(aten.pow.Tensor_Tensor)
 def pow_tensor_tensor(self, exponent):
+    self, exponent = same_rank(self, exponent)
     dtype = _pow_dtype(self, exponent)
     c = opmath(dtype)
     return jnp.power(self.astype(c), exponent.astype(c)).astype(dtype)
@@ -323,6 +335,7 @@ def logaddexp(self, other):
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(self, end, weight):
+    self, end, weight = same_rank(self, end, weight)
     dtype = result_dtype(self, end, weight)
     c = opmath(dtype)
     a, b, w = _as(self, c), _as(end, c), _as(weight, c)
@@ -332,6 +345,7 @@ def lerp(self, end, weight):
 
 @lower(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, value=1):
+    self, tensor1, tensor2 = same_rank(self, tensor1, tensor2)
     dtype = result_dtype(self, tensor1, tensor2)
     c = opmath(dtype)
     return (self.astype(c) + value * (tensor1.astype(c) * tensor2.astype(c))).astype(dtype)
@@ -339,6 +353,7 @@ def addcmul(self, tensor1, tensor2, value=1):
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, value=1):
+    self, tensor1, tensor2 = same_rank(self, tensor1, tensor2)
     dtype = result_dtype(self, tensor1, tensor2)
     if _category(dtype) < 2:
         raise TypeError("torch_bridge: addcdiv does not support integer inputs (as in torch)")
@@ -376,7 +391,7 @@ for _op, _fn in [
 
 
 @lower(aten.abs.default)
-def abs(self):  # noqa: A001 - the ATen name
+def abs_(self):
     if self.dtype == _BOOL:
         raise TypeError("torch_bridge: abs is not defined for bool tensors (as in torch)")
     return jnp.abs(self)
@@ -396,7 +411,9 @@ def positive(self):
 
 @lower(aten.sign.default, aten.sgn.default)
 def sign(self):
-    return self if self.dtype == _BOOL else jnp.sign(self)
+    if self.dtype == _BOOL:
+        return self
+    return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)  # torch: sign(nan) = 0, sign(-0.) = +0
 
 
 @lower(aten.signbit.default)
@@ -431,7 +448,7 @@ def trunc(self):
 
 
 @lower(aten.round.default)
-def round(self):  # noqa: A001 - the ATen name; half to even, as torch
+def round_(self):  # half to even, as torch
     return _round(self)
 
 
@@ -527,16 +544,19 @@ def _truthy(x):
 
 @lower(aten.logical_and.default)
 def logical_and(self, other):
+    self, other = same_rank(self, other)
     return jnp.logical_and(_truthy(self), _truthy(other))
 
 
 @lower(aten.logical_or.default)
 def logical_or(self, other):
+    self, other = same_rank(self, other)
     return jnp.logical_or(_truthy(self), _truthy(other))
 
 
 @lower(aten.logical_xor.default)
 def logical_xor(self, other):
+    self, other = same_rank(self, other)
     return jnp.logical_xor(_truthy(self), _truthy(other))
 
 
@@ -547,6 +567,7 @@ def logical_not(self):
 
 def _bitwise(fn):
     def run(self, other):
+        self, other = same_rank(self, other)
         dtype = result_dtype(self, other)
         if _category(dtype) >= 2:
             raise TypeError("torch_bridge: bitwise ops need integer or bool tensors (as in torch)")
@@ -586,11 +607,13 @@ def bitwise_not(self):
 
 @lower(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(condition, self, other):
+    condition, self, other = same_rank(condition, self, other)
     dtype = result_dtype(self, other)
     return jnp.where(_truthy(condition), _as(self, dtype), _as(other, dtype))
 
 
 def _clamp(self, min, max):  # noqa: A002 - ATen argument names
+    self, min, max = same_rank(self, min, max)  # noqa: A001
     dtype = result_dtype(self, min, max)
     out = _as(self, dtype)
     if min is not None:
@@ -619,4 +642,5 @@ def clamp_max(self, max):  # noqa: A002
 
 @lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(self, mask, value):
+    self, mask = same_rank(self, mask)
     return jnp.where(_truthy(mask), _as(value, self.dtype), self)

@@ -63,8 +63,8 @@ def _mask_put(self, indices, values, accumulate):
             raise NotImplementedError("torch_bridge: index_put with a traced boolean mask and one value per "
                                       f"selected element: {_MASK_HELP} (or use masked_scatter)")
         v = v[0]
-    m = mask.reshape(mask.shape + (1,) * len(tail))
-    v = jnp.broadcast_to(v, tail)
+    m = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * len(tail)), self.shape)
+    v = jnp.broadcast_to(v, self.shape)
     return self + jnp.where(m, v, jnp.zeros((), self.dtype)) if accumulate else jnp.where(m, v, self)
 
 

@@ -1,0 +1,159 @@
+"""torch.export of a module into the two graphs we lower (train and eval), and the checks done at conversion time.
+
+Why two graphs: the mode is baked into an export (dropout disappears in eval, BatchNorm picks
+``_native_batch_norm_legit_no_training``), so both are exported once and share one params/buffers pytree.
+Why ``run_decompositions({})``: it functionalizes (in-place buffer updates become ``BUFFER_MUTATION`` outputs)
+without decomposing conv2d/linear/layer_norm/SDPA/embedding, so SDPA still maps to ``jax.nn.dot_product_attention``
+(reference/bridge.md §1c).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from . import interpreter
+
+
+class UnsupportedOpError(NotImplementedError):
+    """Raised by ``from_torch`` when the exported graphs use ops with no JAX lowering.
+
+    ``ops`` maps each missing op's name to the places (module path, class, source line) that use it.
+    """
+
+    def __init__(self, ops: dict[str, list[str]]):
+        self.ops = ops
+        lines = ["torch_bridge: no JAX lowering for these ops (add them under torch_bridge/ops/):"]
+        for name, where in ops.items():
+            lines.append(f"  {name}")
+            lines.extend(f"      used by {w}" for w in where)
+        super().__init__("\n".join(lines))
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One exported graph plus how its placeholders and outputs bind to our flat dicts.
+
+    ``inputs`` lists, per placeholder, ("state", name) for params/buffers/constants or ("user", i) for the i-th user
+    input; ``outputs`` lists, per flat output, ("buffer", name) or ("user", None).
+    """
+
+    graph: torch.fx.Graph
+    inputs: tuple[tuple[str, Any], ...]
+    outputs: tuple[tuple[str, str | None], ...]
+    out_spec: Any
+    user_shapes: tuple[tuple, ...]
+
+
+@contextlib.contextmanager
+def _mode(module: torch.nn.Module, train: bool):
+    was = module.training
+    module.train(train)
+    try:
+        yield
+    finally:
+        module.train(was)
+
+
+def _dynamic_shapes(example_inputs: tuple):
+    batch = torch.export.Dim("batch")
+    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
+
+
+def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool, dynamic_batch: bool):
+    with _mode(module, train):
+        try:
+            ep = torch.export.export(module, tuple(example_inputs),
+                                     dynamic_shapes=_dynamic_shapes(example_inputs) if dynamic_batch else None)
+        except Exception as e:
+            e.add_note(f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode. "
+                       "Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond.")
+            raise
+    return ep.run_decompositions({})
+
+
+def _where(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    path, cls = list(stack.values())[-1] if stack else ("", "?")
+    cls = cls.rsplit(".", 1)[-1] if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    src = f": {trace[-1].strip()}" if trace else ""
+    return f"{path or '<root>'} ({cls}){src}"
+
+
+def check_supported(graphs) -> None:
+    """Every call_function target must have a lowering; report all misses at once, with where they come from."""
+    missing: dict[str, list[str]] = defaultdict(list)
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.op == "call_function" and not interpreter.can_run(node.target):
+                where = _where(node)
+                if where not in missing[str(node.target)]:
+                    missing[str(node.target)].append(where)
+    if missing:
+        raise UnsupportedOpError(dict(missing))
+
+
+def _user_shape(node: torch.fx.Node) -> tuple:
+    val = node.meta.get("val")
+    shape = getattr(val, "shape", None)
+    if shape is None:
+        return None
+    return tuple(int(d) if isinstance(d, int) else None for d in shape)  # symbolic dims -> None
+
+
+def to_program(ep) -> Program:
+    sig = ep.graph_signature
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    inputs, shapes, n_user = [], [], 0
+    for node, spec in zip(placeholders, sig.input_specs):
+        if spec.kind == InputKind.USER_INPUT:
+            inputs.append(("user", n_user))
+            shapes.append(_user_shape(node))
+            n_user += 1
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            inputs.append(("state", spec.target))
+        else:
+            raise NotImplementedError(f"torch_bridge: graph input kind {spec.kind.name} ({spec.target}) "
+                                      "is not supported")
+    outputs = []
+    for spec in sig.output_specs:
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            outputs.append(("buffer", spec.target))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            outputs.append(("user", None))
+        else:
+            raise NotImplementedError(f"torch_bridge: graph output kind {spec.kind.name} ({spec.target}) is not "
+                                      "supported (in-place mutation of a forward input?)")
+    return Program(ep.graph, tuple(inputs), tuple(outputs), ep.call_spec.out_spec, tuple(shapes))
+
+
+def tensor_sources(eps) -> dict[str, tuple[torch.Tensor, str]]:
+    """name -> (tensor, kind) for every non-user placeholder of the given programs, kind in param/buffer/constant.
+
+    Non-persistent buffers and lifted constants live in ``ep.constants``; they become ``constant`` unless some
+    graph mutates them (then they must be carried as buffers).
+    """
+    found: dict[str, tuple[torch.Tensor, str]] = {}
+    mutated = {s.target for ep in eps for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
+    for ep in eps:
+        for spec in ep.graph_signature.input_specs:
+            if spec.target in found or spec.kind == InputKind.USER_INPUT:
+                continue
+            if spec.kind == InputKind.PARAMETER:
+                found[spec.target] = (ep.state_dict[spec.target], "param")
+            elif spec.kind == InputKind.BUFFER and spec.persistent:
+                found[spec.target] = (ep.state_dict[spec.target], "buffer")
+            elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                kind = "buffer" if spec.target in mutated else "constant"
+                found[spec.target] = (ep.constants[spec.target], kind)
+    return found
+
+
+def storage_key(t: torch.Tensor):
+    """Two names with the same key are one tensor (tied weights)."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)

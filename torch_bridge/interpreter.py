@@ -1,0 +1,85 @@
+"""Run an exported fx graph on jax arrays, node by node, through the op table.
+
+The walk happens at trace time only: under ``jax.jit`` it emits one jaxpr and costs nothing per step. Python-level
+nodes that are not ATen ops (``operator.getitem`` on multi-output ops, symbolic-size arithmetic from dynamic batch,
+shape assertions) are handled here rather than in the op table.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import jax
+import torch
+
+from .ops.registry import lookup
+
+A = torch.ops.aten
+
+# shape/metadata assertions torch.export leaves in the graph; they have no value to compute
+_NO_OPS = {getattr(getattr(A, name, None), "default", None)
+           for name in ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size")} - {None}
+
+
+def _python_op(target) -> Callable | None:
+    """Plain Python callables the graph may hold: operator.* (getitem, symbolic-int math) and sym_size."""
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return target
+    if target in (A.sym_size.int,):
+        return lambda x, dim: x.shape[dim]
+    if target in _NO_OPS:
+        return lambda *a, **k: None
+    return None
+
+
+def can_run(target) -> bool:
+    return lookup(target) is not None or _python_op(target) is not None
+
+
+def _resolve(arg, env: dict):
+    if isinstance(arg, torch.fx.Node):
+        return env[arg]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_resolve(a, env) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _resolve(v, env) for k, v in arg.items()}
+    return arg
+
+
+def run_graph(graph: torch.fx.Graph, placeholders: list, key) -> list:
+    """Evaluate ``graph`` with the given placeholder values (in order); returns the flat output list.
+
+    Random ops get ``key=jax.random.fold_in(key, node_index)``: a pure function of the caller's key and the node,
+    so two dropout layers draw different masks and the same key replays the same masks. With ``key=None`` random
+    ops receive ``None`` and raise only if they actually need randomness (dropout with p > 0 in train mode).
+    """
+    env: dict[torch.fx.Node, Any] = {}
+    values = iter(placeholders)
+    for index, node in enumerate(graph.nodes):
+        if node.op == "placeholder":
+            env[node] = next(values)
+        elif node.op == "call_function":
+            args, kwargs = _resolve(node.args, env), _resolve(node.kwargs, env)
+            lowering = lookup(node.target)
+            if lowering is None:
+                fn = _python_op(node.target)
+                if fn is None:  # from_torch checks this up front; reaching here means a graph was swapped
+                    raise NotImplementedError(f"torch_bridge: no lowering for {node.target}")
+                env[node] = fn(*args, **kwargs)
+                continue
+            if lowering.random:
+                if "key" in kwargs:
+                    raise TypeError(f"torch_bridge: {node.target} has an argument named 'key' in kwargs, which "
+                                    "clashes with the PRNG key keyword; its lowering must take it positionally")
+                kwargs["key"] = None if key is None else jax.random.fold_in(key, index)
+            try:
+                env[node] = lowering.fn(*args, **kwargs)
+            except Exception as e:
+                e.add_note(f"torch_bridge: while running node {node.name} = {node.target} "
+                           f"(from {node.meta.get('nn_module_stack', {}) and list(node.meta['nn_module_stack'].values())[-1][0]!r})")
+                raise
+        elif node.op == "output":
+            return list(_resolve(node.args[0], env))
+        else:
+            raise NotImplementedError(f"torch_bridge: fx node kind {node.op!r} ({node.target}) is not supported")
+    raise ValueError("torch_bridge: graph has no output node")

@@ -1,0 +1,1 @@
+"""ATen -> JAX lowerings, one module per op family; ``registry`` holds the table."""
