@@ -75,8 +75,9 @@ def run_graph(graph: torch.fx.Graph, placeholders: list, key) -> list:
             try:
                 env[node] = lowering.fn(*args, **kwargs)
             except Exception as e:
-                e.add_note(f"torch_bridge: while running node {node.name} = {node.target} "
-                           f"(from {node.meta.get('nn_module_stack', {}) and list(node.meta['nn_module_stack'].values())[-1][0]!r})")
+                stack = list((node.meta.get("nn_module_stack") or {}).values())
+                where = repr(stack[-1][0]) if stack else "<root>"
+                e.add_note(f"torch_bridge: while running node {node.name} = {node.target} (from {where})")
                 raise
         elif node.op == "output":
             return list(_resolve(node.args[0], env))

@@ -103,8 +103,9 @@ class BridgedModel:
             if shape is not None and (len(shape) != x.ndim or
                                       any(s is not None and s != d for s, d in zip(shape, x.shape))):
                 hint = "" if self.dynamic_batch else " (use from_torch(..., dynamic_batch=True) for other batch sizes)"
-                raise ValueError(f"torch_bridge: input {i} has shape {tuple(x.shape)}, the {'train' if train else 'eval'}"
-                                 f" graph was exported for {tuple('*' if s is None else s for s in shape)}{hint}")
+                expected = tuple("*" if s is None else s for s in shape)
+                raise ValueError(f"torch_bridge: input {i} has shape {tuple(x.shape)}, the "
+                                 f"{'train' if train else 'eval'} graph was exported for {expected}{hint}")
         return inputs
 
     @staticmethod

@@ -3,7 +3,7 @@
 One explicit, shape-checked table per architecture maps every NNX variable to one torch ``state_dict`` key:
 
 =============================  ====================================  ==========================================
-NNX (``jaxcomposer.models``)   torch (``torch_bridge.reference_models``)  transform
+NNX (``jaxcomposer.models``)   torch (``reference_models`` mirror)   transform
 =============================  ====================================  ==========================================
 ``<linear>.kernel`` (in, out)  ``<linear>.weight`` (out, in)         transpose
 ``<linear>.bias``              ``<linear>.bias``                     copy
@@ -238,10 +238,11 @@ def torch_state_dict_to_nnx(state_dict: Mapping[str, Any], model: nnx.Module) ->
             continue
         if key in alias_of:
             target = alias_of[key]
-            if target in sd and (sd[key].shape != sd[target].shape or not np.array_equal(sd[key], sd[target])):
+            same_shape = target in sd and sd[key].shape == sd[target].shape
+            if target in sd and not (same_shape and np.array_equal(sd[key], sd[target])):
                 problems.append(f"key {key!r}: the tied {table.architecture} needs it equal to {target!r} "
                                 f"(expected shape {_shape(sd[target].shape)} and equal values, got shape "
-                                f"{_shape(sd[key].shape)}{' with different values' if sd[key].shape == sd[target].shape else ''})")
+                                f"{_shape(sd[key].shape)}{' with different values' if same_shape else ''})")
             continue
         problems.append(f"unexpected key {key!r}: expected no such key, got shape {_shape(sd[key].shape)}")
     if problems:

@@ -2,6 +2,7 @@
 
 One file per method holds its functional form, its factory and its method card (the module docstring).
 """
+from jaxcomposer.algorithms.blurpool import BlurPool, apply_blurpool
 from jaxcomposer.algorithms.cutout import CutOut, cutout_batch
 from jaxcomposer.algorithms.ema import EMA, compute_ema
 from jaxcomposer.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
@@ -11,6 +12,7 @@ from jaxcomposer.algorithms.mixup import MixUp, mixup_batch
 # Composer's registry spellings (``composer/algorithms/algorithm_registry.py``) -> factory name in this package;
 # the config loader resolves YAML ``algorithms:`` entries through it.
 REGISTRY: dict[str, str] = {
+    "blurpool": "BlurPool",
     "cutout": "CutOut",
     "ema": "EMA",
     "gradient_clipping": "GradientClipping",
@@ -37,6 +39,6 @@ def describe_methods() -> list[tuple[str, str]]:
 
 __all__ = [
     "REGISTRY", "describe_methods",
-    "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
-    "apply_gradient_clipping", "compute_ema", "cutout_batch", "mixup_batch", "smooth_labels",
+    "BlurPool", "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
+    "apply_blurpool", "apply_gradient_clipping", "compute_ema", "cutout_batch", "mixup_batch", "smooth_labels",
 ]

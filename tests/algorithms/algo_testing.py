@@ -24,6 +24,8 @@ EXAMPLE_METHODS = {
     "CutOut": lambda: algorithms.CutOut(num_holes=1, length=0.5),
     "GradientClipping": lambda: algorithms.GradientClipping(clipping_type="norm", clipping_threshold=0.1),
     "EMA": lambda: algorithms.EMA(half_life="2ba"),
+    # min_channels=1: the contract tests' ResNetCIFAR(width=4) has only 4- and 8-channel strided convs
+    "BlurPool": lambda: algorithms.BlurPool(min_channels=1),
 }
 
 

@@ -185,7 +185,8 @@ def test_train_mode_batchnorm_stats_match_torch():
     ref = copy.deepcopy(module).train()
     ref(X_IMG)
     _, new = bm.apply(bm.params, bm.buffers, jax.random.key(0), X_IMG.numpy(), train=True)
-    assert set(new) == {f"{b}.{s}" for b in ("b1", "b2") for s in ("running_mean", "running_var", "num_batches_tracked")}
+    stats = ("running_mean", "running_var", "num_batches_tracked")
+    assert set(new) == {f"{b}.{s}" for b in ("b1", "b2") for s in stats}
     for k, v in ref.state_dict().items():
         if k in new:
             assert_close(new[k], v, atol=1e-5)

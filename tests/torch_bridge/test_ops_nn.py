@@ -289,3 +289,22 @@ def test_constant_pad_nd(pad, value):
 def test_pad_modes(mode):
     x = randn(2, 3, 5, 6)
     close(run(A.pad.default, x, [1, 2, 2, 1], mode), A.pad.default(x, [1, 2, 2, 1], mode))
+
+
+@pytest.mark.parametrize("float_mask", [False, True])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.5])
+def test_sdpa_fully_masked_rows_are_zero_like_torch(float_mask, dropout_p):
+    """Left-padded batches (HF attention masks) leave query rows with no visible key: torch returns zeros."""
+    import torch
+    from torch_bridge.ops.registry import lookup
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8, generator=g) for _ in range(3))
+    m = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    m[0, 0, 1] = False
+    mask = torch.zeros(m.shape).masked_fill(~m, float("-inf")) if float_mask else m
+    fn = lookup(torch.ops.aten.scaled_dot_product_attention.default).fn
+    out = np.asarray(fn(*(jnp.asarray(t.numpy()) for t in (q, k, v, mask)), dropout_p, key=jax.random.PRNGKey(0)))
+    assert np.all(out[0, :, 1] == 0) and np.all(np.isfinite(out))
+    if dropout_p == 0.0:
+        ref = torch.ops.aten.scaled_dot_product_attention.default(q, k, v, mask).numpy()
+        np.testing.assert_allclose(out, ref, atol=1e-5)

@@ -1,7 +1,6 @@
 """torch_bridge.weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR and GPT."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -43,13 +42,23 @@ def _inputs(case: str, seed: int = 0):
     return jnp.asarray(t, dtype=jnp.int32), torch.from_numpy(t).long()
 
 
-def _perturb_nnx(model: nnx.Module, seed: int, case: str) -> None:
-    """Noise on every Param (so zero biases / unit LN scales cannot hide a swapped mapping); BN stats from a few
-    train-mode forwards."""
-    key = jax.random.key(seed)
-    for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.Param))):
-        v = var.get_value()
-        var.set_value(v + 0.1 * jax.random.normal(jax.random.fold_in(key, i), v.shape, v.dtype))
+def _init_nnx(model: nnx.Module, seed: int, case: str) -> None:
+    """Random values for every variable, drawn with numpy (the native initializers compile one XLA program per
+    shape, ~2 s each on CPU, which would dominate this file). Biases and LN/BN scales get noise too, so a swapped
+    mapping cannot hide behind zeros and ones; BN running stats come from a few train-mode forwards."""
+    rng = np.random.default_rng(seed)
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        shape, dtype, leaf = var.get_value().shape, var.get_value().dtype, path[-1]
+        noise = rng.standard_normal(shape)
+        if leaf == "kernel":
+            value = noise / np.sqrt(np.prod(shape[:-1]))  # fan-in scaling keeps activations O(1)
+        elif leaf == "embedding":
+            value = 0.5 * noise
+        elif leaf in ("scale", "var"):
+            value = 1.0 + 0.1 * noise if leaf == "scale" else np.ones(shape)
+        else:  # bias, mean
+            value = 0.1 * noise if leaf == "bias" else np.zeros(shape)
+        var.set_value(jnp.asarray(value.astype(dtype)))
     if isinstance(model, ResNetCIFAR):
         for s in range(3):
             model(_inputs(case, seed=100 + s)[0], train=True)
@@ -69,9 +78,13 @@ def _perturb_torch(model: torch.nn.Module, seed: int, case: str) -> None:
 
 
 def _build(case: str, seed: int = 0):
+    """``(ours, theirs)``: our NNX model (structure from the real constructor, values from :func:`_init_nnx`) and
+    a fresh torch mirror (its own random init)."""
     cfg, nnx_cls, torch_cls, _ = CASES[case]
+    ours = nnx.eval_shape(lambda: nnx_cls(**cfg, rngs=nnx.Rngs(seed)))
+    _init_nnx(ours, seed, case)
     torch.manual_seed(seed)
-    return nnx_cls(**cfg, rngs=nnx.Rngs(seed)), torch_cls(**cfg).eval()
+    return ours, torch_cls(**cfg).eval()
 
 
 def _ours(model, x) -> np.ndarray:
@@ -89,8 +102,7 @@ def _arrays(model) -> dict:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_nnx_to_torch(case):
-    ours, theirs = _build(case)
-    _perturb_nnx(ours, seed=1, case=case)
+    ours, theirs = _build(case, seed=1)
     sd = nnx_to_torch_state_dict(ours)
     theirs.load_state_dict(sd, strict=True)
     x_ours, x_theirs = _inputs(case)
@@ -103,8 +115,7 @@ def test_nnx_to_torch(case):
 
 
 def test_per_layer_resnet_stem():
-    ours, theirs = _build("resnet8")
-    _perturb_nnx(ours, seed=2, case="resnet8")
+    ours, theirs = _build("resnet8", seed=2)
     theirs.load_state_dict(nnx_to_torch_state_dict(ours), strict=True)
     x_ours, x_theirs = _inputs("resnet8")
     a = np.asarray(ours.stem_bn(ours.stem_conv(x_ours), use_running_average=True))  # NHWC
@@ -129,6 +140,15 @@ def test_torch_to_nnx(case):
     assert all(np.array_equal(a, b) for a, b in zip(_arrays(ours).values(), _arrays(ours_np).values()))
 
 
+def test_native_init_mlp():
+    """The real native initializers (not only :func:`_init_nnx`'s values) convert too."""
+    cfg, _, _, _ = CASES["mlp"]
+    ours, theirs = MLP(**cfg, rngs=nnx.Rngs(0)), TorchMLP(**cfg).eval()
+    theirs.load_state_dict(nnx_to_torch_state_dict(ours), strict=True)
+    x_ours, x_theirs = _inputs("mlp")
+    np.testing.assert_allclose(_ours(ours, x_ours), _theirs(theirs, x_theirs), atol=ATOL, rtol=0)
+
+
 def test_import_does_not_alias_torch_memory():
     template, theirs = _build("mlp")
     ours = torch_state_dict_to_nnx(theirs.state_dict(), template)
@@ -141,7 +161,6 @@ def test_import_does_not_alias_torch_memory():
 @pytest.mark.parametrize("case", list(CASES))
 def test_round_trip_bitwise(case):
     ours, _ = _build(case, seed=6)
-    _perturb_nnx(ours, seed=7, case=case)
     back = torch_state_dict_to_nnx(nnx_to_torch_state_dict(ours), ours)
     a, b = _arrays(ours), _arrays(back)
     assert a.keys() == b.keys()
@@ -189,7 +208,7 @@ def test_extra_key(resnet_pair):
 def test_wrong_shape(resnet_pair):
     ours, sd = resnet_pair
     sd = {**sd, "head.weight": sd["head.weight"].T.contiguous()}  # forgot to transpose: (16, 5) instead of (5, 16)
-    with pytest.raises(ValueError, match=r"key 'head\.weight': expected shape \(5, 4\), got shape \(4, 5\)"):
+    with pytest.raises(ValueError, match=r"key 'head\.weight': expected shape \(5, 16\), got shape \(16, 5\)"):
         torch_state_dict_to_nnx(sd, ours)
     # HWIO passed where OIHW is expected
     sd = {**resnet_pair[1], "stem_conv.weight": torch.zeros(3, 3, 3, 4)}

@@ -249,15 +249,20 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     b, hq, t, d = q.shape
     s = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    mask = bias = None
+    mask = bias = valid = None
     if attn_mask is not None:
         m = jnp.broadcast_to(_lead(attn_mask, 4), (b, hq, t, s))
         mask, bias = (m, None) if m.dtype == jnp.bool_ else (None, m.astype(q.dtype))
+        # torch returns zeros for a query row whose keys are all masked (left padding in HF models); JAX would
+        # average the values uniformly there (its masked logits are finite), so such rows are zeroed explicitly.
+        valid = (m if mask is not None else m > -jnp.inf).any(-1, keepdims=True)
     if dropout_p > 0:
         out = _attention_with_dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, key)
     else:
         out = jax.nn.dot_product_attention(q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias,
                                            mask=mask, scale=scale, is_causal=is_causal).swapaxes(1, 2)
+    if valid is not None:
+        out = jnp.where(valid, out, jnp.zeros((), out.dtype))
     return out[:, 0] if three_d else out
 
 
@@ -272,6 +277,8 @@ def _attention_with_dropout(q, k, v, mask, bias, is_causal, scale, p, key):
         logits = jnp.where(mask, logits, -jnp.inf)
     if is_causal:
         logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], jnp.bool_))[None, None], logits, -jnp.inf)
+    # a fully masked row would softmax to NaN (and NaN gradients); its output is zeroed by the caller
+    logits = jnp.where(jnp.isneginf(logits).all(-1, keepdims=True), jnp.zeros((), logits.dtype), logits)
     probs = _dropout(jax.nn.softmax(logits, axis=-1).astype(q.dtype), p, key, "scaled_dot_product_attention")[0]
     return jnp.einsum("bhts,bhsd->bhtd", probs, v)
 

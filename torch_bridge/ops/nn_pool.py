@@ -45,12 +45,13 @@ def _window(x, nd, kernel, stride, padding, dilation, ceil_mode):
 
 
 def _lowest(dtype):
-    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+    """A concrete numpy init value: jax only recognizes (and differentiates) max/add windows with a known init."""
+    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
 
 
 def _max_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     win, strides, pads, dil = _window(x, nd, kernel, stride, padding, dilation, ceil_mode)
-    return lax.reduce_window(x, jnp.asarray(_lowest(x.dtype), x.dtype), lax.max, win, strides, pads,
+    return lax.reduce_window(x, _lowest(x.dtype), lax.max, win, strides, pads,
                              window_dilation=dil)
 
 
@@ -65,7 +66,7 @@ def _argmax_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=Fals
         take_b = (vb > va) | ((vb == va) & (ib < ia)) | (jnp.isnan(vb) & ~jnp.isnan(va))
         return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
 
-    init = (jnp.asarray(_lowest(x.dtype), x.dtype), jnp.asarray(np.iinfo(np.int32).max, jnp.int32))
+    init = (_lowest(x.dtype), np.array(np.iinfo(np.int32).max, np.int32))
     _, ind = lax.reduce_window((lax.stop_gradient(x), idx), init, pick, win, strides, pads, window_dilation=dil)
     return ind
 
@@ -89,7 +90,7 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
 
 def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     win, strides, pads, _ = _window(x, nd, kernel, stride, padding, 1, ceil_mode)
-    zero = jnp.asarray(0, x.dtype)
+    zero = np.array(0, x.dtype)
     total = lax.reduce_window(x, zero, lax.add, win, strides, pads)
     if divisor_override:
         return total / divisor_override

@@ -1,0 +1,98 @@
+"""torch_bridge.export and the interpreter: graph binding, conversion-time checks, key folding, mode handling."""
+import jax
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_bridge  # noqa: F401  registers the ops
+from torch_bridge import UnsupportedOpError, export, from_torch
+from torch_bridge.interpreter import can_run, run_graph
+
+
+class BNDrop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn, self.d1, self.d2 = nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = self.bn(x)
+        return self.d1(h), self.d2(h)
+
+
+def test_program_binds_signature():
+    ep = export.export_module(BNDrop(), (torch.randn(8, 4),), train=True, dynamic_batch=False)
+    prog = export.to_program(ep)
+    assert ("user", 0) in prog.inputs and ("state", "bn.weight") in prog.inputs
+    buffers = [name for kind, name in prog.outputs if kind == "buffer"]
+    assert buffers == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    assert [k for k, _ in prog.outputs].count("user") == 2
+    assert prog.user_shapes == ((8, 4),)
+
+
+def test_export_restores_mode_and_eval_graph_has_no_dropout():
+    m = BNDrop().eval()
+    ep = export.export_module(m, (torch.randn(8, 4),), train=True, dynamic_batch=False)
+    assert not m.training
+    eval_ep = export.export_module(m, (torch.randn(8, 4),), train=False, dynamic_batch=False)
+    targets = {str(n.target) for n in eval_ep.graph.nodes if n.op == "call_function"}
+    assert not any("dropout" in t for t in targets)
+    assert any("dropout" in str(n.target) for n in ep.graph.nodes)
+
+
+def test_each_random_node_gets_its_own_key():
+    bm = from_torch(BNDrop(), (torch.randn(8, 4),))
+    x = np.random.default_rng(0).normal(size=(8, 4))
+    (a, b), _ = bm.apply(bm.params, bm.buffers, jax.random.key(0), x, train=True)
+    assert not np.array_equal(np.asarray(a) == 0, np.asarray(b) == 0)  # two dropout layers, two masks
+
+
+def test_tied_storage_key():
+    lin = nn.Linear(3, 3)
+    other = nn.Linear(3, 3)
+    other.weight = lin.weight
+    assert export.storage_key(lin.weight) == export.storage_key(other.weight)
+    assert export.storage_key(lin.weight) != export.storage_key(lin.bias)
+
+
+class Unsupported(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        u = torch.linalg.svd(self.inner(x))[0]
+        return torch.fft.rfft(u).abs()
+
+
+def test_unsupported_ops_all_listed_with_source():
+    with pytest.raises(UnsupportedOpError) as info:
+        from_torch(Unsupported(), (torch.randn(4, 4),))
+    names = list(info.value.ops)
+    assert any("svd" in n for n in names) and any("fft" in n for n in names), names
+    msg = str(info.value)
+    assert "<root> (Unsupported)" in msg and "torch.linalg.svd" in msg
+
+
+def test_interpreter_python_ops():
+    assert can_run(torch.ops.aten.sym_size.int)
+    import operator
+    assert can_run(operator.getitem) and can_run(operator.mul)
+    assert not can_run(torch.ops.aten._fft_r2c.default)
+
+
+def test_data_dependent_control_flow_fails_with_a_hint():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(Exception) as info:
+        from_torch(Branchy(), (torch.randn(3),))
+    assert any("torch.cond" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_run_graph_feeds_placeholders_in_order():
+    ep = export.export_module(nn.Linear(2, 3), (torch.randn(1, 2),), train=False, dynamic_batch=False)
+    w, b, x = np.ones((3, 2), np.float32), np.arange(3, dtype=np.float32), np.ones((1, 2), np.float32)
+    (out,) = run_graph(ep.graph, [w, b, x], key=None)
+    np.testing.assert_allclose(np.asarray(out), [[2.0, 3.0, 4.0]])
