@@ -144,7 +144,8 @@ class BridgedModel:
     def as_pure_model(self):
         """jaxcomposer's ``PureModel``: ``apply(params, state, inputs, *, train, key)`` with state = buffers.
 
-        ``inputs`` is one array, or a tuple of arrays for a multi-input module.
+        ``inputs`` is one array, or a tuple of arrays for a multi-input module. The result carries this model as
+        ``.bridged``, so trained weights can go back to torch: ``task.pure.bridged.to_torch(params, state)``.
         """
         from jaxcomposer.core.model import PureModel
 
@@ -152,7 +153,9 @@ class BridgedModel:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             return self.apply(params, state, key, *args, train=train)
 
-        return PureModel(apply=apply, params=self.params, state=self.buffers)
+        pure = PureModel(apply=apply, params=self.params, state=self.buffers)
+        object.__setattr__(pure, "bridged", self)  # PureModel is a frozen dataclass owned by jaxcomposer
+        return pure
 
 
 def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False) -> BridgedModel:

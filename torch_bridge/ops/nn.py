@@ -126,7 +126,9 @@ def _batch_norm(x, weight, bias, mean, var, eps):
 def _batch_stats(x):
     axes = tuple(i for i in range(x.ndim) if i != 1)
     xf = x.astype(_stats_dtype(x))
-    return xf.mean(axes), xf.var(axes), x.size // x.shape[1]
+    # E[x^2] - E[x]^2 (as flax does): both moments in one fused pass over x, where jnp.var makes two passes
+    mean, mean_sq = xf.mean(axes), lax.square(xf).mean(axes)
+    return mean, jnp.maximum(mean_sq - lax.square(mean), 0.0), x.size // x.shape[1]
 
 
 @lower(A._native_batch_norm_legit_functional.default)

@@ -1,0 +1,179 @@
+"""Bridged torch models inside jaxcomposer's Trainer: a bare torch CNN with torch DataLoaders and Composer
+methods, back to torch afterwards; MixUp/CutOut on NCHW batches; a torch GPT as a causal LM; microbatching and
+padded eval with a dynamic-batch export."""
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from jaxcomposer.algorithms import EMA, CutOut, GradientClipping, LabelSmoothing, MixUp, cutout_batch
+from jaxcomposer.core.events import Callback
+from jaxcomposer.data import lm_arrays
+from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.optim import DecoupledSGDW
+from jaxcomposer.trainer.trainer import Trainer
+from tests.torch_bridge.zoo import SmallCNN, TinyGPT, TorchMLP
+
+NUM_CLASSES = 3
+
+
+def quadrant_images(n, seed, hw=8):
+    """NCHW images whose label is the quadrant (top-left, top-right, bottom-left) carrying a brighter patch."""
+    g = torch.Generator().manual_seed(seed)
+    x = 0.5 * torch.randn(n, 3, hw, hw, generator=g)
+    y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    h = hw // 2
+    for i, label in enumerate(y.tolist()):
+        r, c = divmod(label, 2)
+        x[i, :, r * h:(r + 1) * h, c * h:(c + 1) * h] += 1.0
+    return x, y
+
+
+def image_loaders(n_train=256, n_eval=100, batch_size=32):
+    train = DataLoader(TensorDataset(*quadrant_images(n_train, 0)), batch_size=batch_size, shuffle=True,
+                       drop_last=True, generator=torch.Generator().manual_seed(0))
+    evals = DataLoader(TensorDataset(*quadrant_images(n_eval, 1)), batch_size=batch_size, shuffle=False)
+    return train, evals  # 100 eval examples in batches of 32: the last batch (4) is padded by the Trainer
+
+
+def make_cnn():
+    torch.manual_seed(0)
+    return SmallCNN(in_ch=3, num_classes=NUM_CLASSES, width=8, p=0.1)
+
+
+class LossHistory(Callback):
+    def __init__(self):
+        self.losses = []
+
+    def batch_end(self, state, logger):
+        self.losses.append(float(state.batch_metrics["loss"]))
+
+
+def eval_weights(trainer):
+    ts = trainer.state.train_state
+    return trainer.composed.eval_weights(ts.extras, ts.params, ts.model_state)
+
+
+@pytest.fixture(scope="module")
+def trained_cnn():
+    train, evals = image_loaders()
+    history = LossHistory()
+    trainer = Trainer(model=make_cnn(), train_dataloader=train, eval_dataloader=evals, max_duration="3ep",
+                      optimizers=DecoupledSGDW(lr=0.05, momentum=0.9),
+                      algorithms=[LabelSmoothing(), EMA(half_life="5ba"), GradientClipping("norm", 1.0)],
+                      callbacks=[history], progress_bar=False, seed=0)
+    trainer.fit()
+    return trainer, history, evals
+
+
+def test_bare_torch_cnn_trains(trained_cnn):
+    trainer, history, _ = trained_cnn
+    assert isinstance(trainer.task, ComposerClassifier) and trainer.task.is_bound
+    losses = history.losses
+    assert len(losses) == 3 * 8 and np.all(np.isfinite(losses))
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.1
+    metrics = trainer.state.eval_metrics["eval"]
+    assert metrics["accuracy"] > 0.6, metrics  # chance is 1/3
+
+
+def test_trained_weights_back_to_torch_match_predict(trained_cnn):
+    trainer, _, evals = trained_cnn
+    bridged = trainer.task.pure.bridged
+    assert bridged.module is trainer.task.source
+    params, state = eval_weights(trainer)  # EMA weights: what predict and eval use
+    module = bridged.to_torch(params, state).eval()
+    assert int(module.bn1.num_batches_tracked) == 24  # buffers came back too (EMA keeps the counter as is)
+    preds = trainer.predict(evals)
+    assert [p.shape[0] for p in preds] == [32, 32, 32, 4]
+    with torch.no_grad():
+        ref = torch.cat([module(x) for x, _ in evals]).numpy()
+    np.testing.assert_allclose(np.concatenate(preds), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_padded_eval_matches_torch(trained_cnn):
+    """(e) eval's last partial batch is padded and masked: metrics equal torch's over exactly the 100 examples."""
+    trainer, _, evals = trained_cnn
+    module = trainer.task.pure.bridged.to_torch(*eval_weights(trainer)).eval()
+    metrics = trainer.eval(evals)
+    xs, ys = evals.dataset.tensors
+    with torch.no_grad():
+        logits = module(xs)
+    acc = (logits.argmax(-1) == ys).float().mean().item()
+    ce = torch.nn.functional.cross_entropy(logits, ys).item()
+    assert metrics["accuracy"] == pytest.approx(acc, abs=1e-6)
+    assert metrics["cross_entropy"] == pytest.approx(ce, abs=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ (b) MixUp, CutOut
+@pytest.mark.parametrize("method", [MixUp(alpha=0.4), CutOut(length=0.5, data_format="NCHW")], ids=["mixup", "cutout"])
+def test_image_methods_on_nchw_bridged_batches(method):
+    train, _ = image_loaders(n_train=64)
+    history = LossHistory()
+    trainer = Trainer(model=make_cnn(), train_dataloader=train, max_duration="2ba", optimizers=DecoupledSGDW(lr=0.05),
+                      algorithms=[method], callbacks=[history], progress_bar=False, seed=0)
+    trainer.fit()
+    assert len(history.losses) == 2 and np.all(np.isfinite(history.losses))
+
+
+def test_cutout_nchw_holes_span_channels():
+    x = jnp.ones((2, 3, 8, 8))
+    out = np.asarray(cutout_batch(x, jax.random.key(0), length=0.5, data_format="NCHW"))
+    holes = out == 0
+    assert holes.any()
+    assert (holes == holes[:, :1]).all()  # the same (H, W) square on every channel
+    assert holes[0, 0].sum() <= 16  # at most a 4x4 square on an 8x8 image
+
+
+# ------------------------------------------------------------------------------------------------ (c) causal LM
+def test_torch_gpt_as_causal_lm():
+    torch.manual_seed(0)
+    gpt = TinyGPT(vocab=64, block=16, d=32, heads=2, layers=2, p=0.1)
+    tokens = np.random.default_rng(0).integers(0, 64, size=8 * 17 + 1)
+    data = lm_arrays(tokens, 16)
+    batch = {"input_ids": data["input_ids"][:8]}
+    assert batch["input_ids"].shape == (8, 17)
+    history = LossHistory()
+    task = ComposerCausalLM(gpt)
+    trainer = Trainer(model=task, train_dataloader=[batch] * 5, max_duration="5ba", optimizers=optax.adam(1e-2),
+                      callbacks=[history], progress_bar=False, seed=0)
+    trainer.fit()
+    losses = history.losses
+    assert len(losses) == 5 and np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.2, losses
+    assert np.all(np.diff(losses) < 0), losses  # same batch repeated: every step improves
+    # the tied head stays tied through training and back to torch
+    bridged = task.pure.bridged
+    assert bridged.aliases == {"lm_head.weight": "wte.weight"}
+    ts = trainer.state.train_state
+    module = bridged.to_torch(ts.params, ts.model_state).eval()
+    assert module.lm_head.weight is module.wte.weight
+    preds = trainer.predict([batch])[0]
+    with torch.no_grad():
+        ref = module(torch.from_numpy(batch["input_ids"][:, :-1]).long()).numpy()
+    np.testing.assert_allclose(preds, ref, atol=1e-4, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ (d) microbatching
+def test_microbatching_equals_full_batch():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+    torch.manual_seed(0)
+    mlp = TorchMLP(d_in=3 * 8 * 8, hidden=32, num_classes=4)
+    results = []
+    for micro in (None, 4):
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=False)
+        trainer = Trainer(model=copy.deepcopy(mlp), train_dataloader=loader, max_duration="2ba",
+                          optimizers=DecoupledSGDW(lr=0.5, momentum=0.9), device_train_microbatch_size=micro,
+                          progress_bar=False, seed=0)
+        trainer.fit()
+        results.append(jax.tree.map(np.asarray, trainer.state.train_state.params))
+    full, micro = results
+    assert set(full) == set(dict(mlp.named_parameters()))
+    for k in full:
+        assert not np.allclose(full[k], mlp.state_dict()[k].numpy())  # it trained
+        np.testing.assert_allclose(micro[k], full[k], atol=1e-5, rtol=1e-5)

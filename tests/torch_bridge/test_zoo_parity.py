@@ -1,0 +1,185 @@
+"""Model-zoo parity: CNN, ResNet-18/50-style, a tied-weight SDPA GPT, HF GPT-2 and BERT (with and without padding),
+each bridged with ``from_torch`` and compared against torch itself: eval forward, CE gradients (eval mode), BN
+buffers after a train forward, and the ``to_torch`` round trip after a few jitted optax SGD steps."""
+import copy
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_bridge import from_torch
+from tests.torch_bridge.zoo import ZOO, ConvBNReLU
+
+BATCH = 4
+# XLA:CPU compile time dominates these tests; LLVM at -O0 compiles 2-4x faster and is plenty for parity checks.
+jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+
+
+@functools.cache
+def bridged(name):
+    """(name, pristine torch reference, BridgedModel, inputs, targets), exported once per session with
+    ``dynamic_batch=True`` (what the Trainer does). The reference is never handed to the bridge, so tests that
+    write back with ``to_torch`` cannot disturb the others."""
+    zc = ZOO[name]
+    module = zc.build()
+    ref = copy.deepcopy(module)
+    inputs, targets = zc.inputs(BATCH), zc.targets(BATCH)
+    return name, ref, from_torch(module, inputs, dynamic_batch=True), inputs, targets
+
+
+@pytest.fixture(params=list(ZOO))
+def case(request):
+    return bridged(request.param)
+
+
+def np_inputs(inputs):
+    return tuple(x.numpy() for x in inputs)
+
+
+def ce_jax(logits, y):
+    return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
+
+
+def ce_torch(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def assert_close(ours, ref, atol=1e-4, rtol=1e-5):
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    np.testing.assert_allclose(np.asarray(ours), ref, atol=atol, rtol=rtol)
+
+
+def test_eval_forward_parity(case):
+    _, ref, bm, x, _ = case
+    m = copy.deepcopy(ref).eval()
+    with torch.no_grad():
+        expected = m(*x)
+    out, new_buffers = jit(lambda p, b, *xs: bm.apply(p, b, None, *xs, train=False))(
+        bm.params, bm.buffers, *np_inputs(x))
+    assert out.shape == tuple(expected.shape)
+    assert_close(out, expected)
+    for k, v in new_buffers.items():  # eval leaves buffers alone
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(bm.buffers[k]))
+
+
+def test_grad_parity_eval_mode(case):
+    _, ref, bm, x, y = case
+    m = copy.deepcopy(ref).eval()
+    ce_torch(m(*x), y).backward()
+    loss_fn = lambda p: ce_jax(bm.apply(p, bm.buffers, None, *np_inputs(x), train=False)[0], jnp.asarray(y.numpy()))
+    loss, grads = jit(jax.value_and_grad(loss_fn))(bm.params)
+    assert_close(loss, ce_torch(m(*x), y))
+    torch_params = dict(m.named_parameters())  # torch de-duplicates tied parameters too
+    assert set(grads) == set(torch_params)
+    for k, g in grads.items():
+        if torch_params[k].grad is None:  # unused by this forward (e.g. BERT's unused pooler pieces): zero here
+            np.testing.assert_array_equal(np.asarray(g), 0)
+        else:
+            assert_close(g, torch_params[k].grad, atol=1e-4, rtol=1e-4)
+
+
+def test_train_mode_buffers(case):
+    name, ref, bm, x, _ = case
+    if not ZOO[name].has_bn:
+        assert bm.buffers == {} or all("num_batches_tracked" not in k for k in bm.buffers)
+        pytest.skip("no BatchNorm")
+    m = copy.deepcopy(ref).train()
+    with torch.no_grad():
+        m(*x)
+    _, new = jit(lambda p, b, *xs: bm.apply(p, b, jax.random.key(0), *xs, train=True))(
+        bm.params, bm.buffers, *np_inputs(x))
+    sd = m.state_dict()
+    assert set(new) == set(bm.buffers) and new
+    for k, v in new.items():
+        assert new[k].dtype == bm.buffers[k].dtype
+        if k.endswith("num_batches_tracked"):
+            assert int(v) == int(sd[k]) == 1
+        else:
+            assert_close(v, sd[k], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if n != "hf_bert"])  # hf_bert_mask: same model, more inputs
+def test_round_trip_after_sgd(name):
+    name, ref, bm, x, y = bridged(name)
+    opt = optax.sgd(0.05, momentum=0.9)
+    xs, yj = np_inputs(x), jnp.asarray(y.numpy())
+
+    @jit
+    def step(params, buffers, opt_state, key):
+        def loss(p):
+            out, new_b = bm.apply(p, buffers, key, *xs, train=True)
+            return ce_jax(out, yj), new_b
+        (_, buffers), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), buffers, opt_state
+
+    params, buffers, opt_state = bm.params, bm.buffers, opt.init(bm.params)
+    for i in range(3):
+        params, buffers, opt_state = step(params, buffers, opt_state, jax.random.key(i))
+    moved = max(float(jnp.abs(params[k] - bm.params[k]).max()) for k in params)
+    assert moved > 1e-3  # the steps did something
+    restored = bm.to_torch(params, buffers).eval()
+    ours, _ = bm.apply(params, buffers, None, *xs, train=False)
+    with torch.no_grad():
+        assert_close(ours, restored(*x))
+    for k, v in restored.state_dict().items():  # dtypes preserved (int64 num_batches_tracked, ...)
+        assert v.dtype == ref.state_dict()[k].dtype
+    if ZOO[name].has_bn:
+        assert all(int(v) == 3 for k, v in restored.state_dict().items() if k.endswith("num_batches_tracked"))
+    if name == "gpt":
+        assert restored.lm_head.weight is restored.wte.weight  # still tied after the load
+
+
+# ------------------------------------------------------------------------------------------------ per layer
+def test_per_layer_first_conv_bn_block():
+    """The first Conv-BN-ReLU block of the CNN, exported alone, at 1e-5 in eval and train (stats included)."""
+    zc = ZOO["cnn"]
+    model = zc.build()
+    block = ConvBNReLU(copy.deepcopy(model.conv1), copy.deepcopy(model.bn1))
+    (x,) = zc.inputs(BATCH)
+    bm = from_torch(block, (x,))
+    with torch.no_grad():
+        expected = copy.deepcopy(block).eval()(x)
+        # the same block inside the full model: its activation as the model computes it
+        full = copy.deepcopy(model).eval()
+        inside = F.relu(full.bn1(full.conv1(x)))
+    out, _ = bm.apply(bm.params, bm.buffers, None, x.numpy(), train=False)
+    assert_close(out, expected, atol=1e-5)
+    assert_close(out, inside, atol=1e-5)
+    train_ref = copy.deepcopy(block).train()
+    with torch.no_grad():
+        expected_train = train_ref(x)
+    out, new = bm.apply(bm.params, bm.buffers, jax.random.key(0), x.numpy(), train=True)
+    assert_close(out, expected_train, atol=1e-5)
+    for k in ("bn.running_mean", "bn.running_var"):
+        assert_close(new[k], train_ref.state_dict()[k], atol=1e-5)
+
+
+def test_per_layer_resnet_stage():
+    """ResNet-18's layer1 (two BasicBlocks) exported alone, fed the stem's activation, at 1e-5."""
+    model = ZOO["resnet18"].build().eval()
+    (x,) = ZOO["resnet18"].inputs(BATCH)
+    with torch.no_grad():
+        stem = model.maxpool(F.relu(model.bn1(model.conv1(x))))
+        expected = model.layer1(stem)
+    bm = from_torch(copy.deepcopy(model.layer1), (stem,))
+    out, _ = bm.apply(bm.params, bm.buffers, None, stem.numpy(), train=False)
+    assert_close(out, expected, atol=1e-5)
+
+
+def test_bert_padding_mask_matters():
+    """The mask input is really used: changing padded tokens changes nothing, dropping the mask changes logits."""
+    _, ref, bm, (ids, mask), _ = bridged("hf_bert_mask")
+    model = copy.deepcopy(ref).eval()
+    noisy = torch.where(mask.bool(), ids, torch.full_like(ids, 7))
+    fwd = jit(lambda i, m: bm.apply(bm.params, bm.buffers, None, i, m, train=False)[0])
+    run = lambda i, m: np.asarray(fwd(i.numpy(), m.numpy()))
+    np.testing.assert_allclose(run(ids, mask), run(noisy, mask), atol=1e-5)
+    assert not np.allclose(run(noisy, mask), run(noisy, torch.ones_like(mask)), atol=1e-4)
+    with torch.no_grad():
+        assert_close(run(ids[:3], mask[:3]), model(ids[:3], mask[:3]))  # dynamic batch with a mask input
