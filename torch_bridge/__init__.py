@@ -4,19 +4,10 @@
 every ATen op through the table in ``torch_bridge/ops`` and returns a :class:`BridgedModel` with flat
 ``params``/``buffers`` dicts and ``apply(params, buffers, key, *inputs, train=True) -> (outputs, new_buffers)``.
 """
-import importlib
-
 from .export import UnsupportedOpError
 from .module import BridgedModel, from_torch
 
-# Importing an ops module registers its lowerings. The loop tolerates modules that do not exist yet; any other
-# import error (a duplicate registration, a bug) is raised.
-for _name in ("elementwise", "reduction", "shape", "creation", "nn"):
-    try:
-        importlib.import_module(f"{__name__}.ops.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__name__}.ops.{_name}":
-            raise
-del _name
+# Importing an ops module registers its lowerings (shape also registers indexing; nn registers nn_pool).
+from .ops import creation, elementwise, nn, reduction, shape  # noqa: E402,F401
 
 __all__ = ["from_torch", "BridgedModel", "UnsupportedOpError"]

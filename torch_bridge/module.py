@@ -153,9 +153,7 @@ class BridgedModel:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             return self.apply(params, state, key, *args, train=train)
 
-        pure = PureModel(apply=apply, params=self.params, state=self.buffers)
-        object.__setattr__(pure, "bridged", self)  # PureModel is a frozen dataclass owned by jaxcomposer
-        return pure
+        return PureModel(apply=apply, params=self.params, state=self.buffers, bridged=self)
 
 
 def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False) -> BridgedModel:

@@ -25,11 +25,16 @@ ApplyFn = Callable[..., tuple[Any, Any]]
 
 @dataclasses.dataclass(frozen=True)
 class PureModel:
-    """``apply(params, state, inputs, *, train, key) -> (outputs, new_state)`` plus the initial trees."""
+    """``apply(params, state, inputs, *, train, key) -> (outputs, new_state)`` plus the initial trees.
+
+    ``bridged`` is the ``torch_bridge.BridgedModel`` a pure model came from (None for native models): it is how
+    trained weights go back to torch, ``task.pure.bridged.to_torch(params, state)``.
+    """
 
     apply: ApplyFn
     params: Any
     state: Any
+    bridged: Any = None
 
 
 def from_nnx(module: nnx.Module) -> PureModel:

@@ -177,3 +177,13 @@ def test_microbatching_equals_full_batch():
     for k in full:
         assert not np.allclose(full[k], mlp.state_dict()[k].numpy())  # it trained
         np.testing.assert_allclose(micro[k], full[k], atol=1e-5, rtol=1e-5)
+
+
+def test_pure_model_carries_bridged_model():
+    """Regression for the public path task -> BridgedModel (``PureModel.bridged``, set by ``as_pure_model``)."""
+    from torch_bridge import from_torch
+    mlp = TorchMLP(d_in=12, hidden=4, num_classes=2)
+    bm = from_torch(mlp, (torch.randn(2, 12),), dynamic_batch=True)
+    assert bm.as_pure_model().bridged is bm
+    task = ComposerClassifier(mlp).bind({"input": np.zeros((3, 12), np.float32)})
+    assert task.pure.bridged.module is mlp and task.pure.bridged.dynamic_batch

@@ -54,58 +54,24 @@ def assert_close(ours, ref, atol=1e-4, rtol=1e-5):
     np.testing.assert_allclose(np.asarray(ours), ref, atol=atol, rtol=rtol)
 
 
-def test_eval_forward_parity(case):
-    _, ref, bm, x, _ = case
-    m = copy.deepcopy(ref).eval()
-    with torch.no_grad():
-        expected = m(*x)
-    out, new_buffers = jit(lambda p, b, *xs: bm.apply(p, b, None, *xs, train=False))(
-        bm.params, bm.buffers, *np_inputs(x))
-    assert out.shape == tuple(expected.shape)
-    assert_close(out, expected)
-    for k, v in new_buffers.items():  # eval leaves buffers alone
-        np.testing.assert_array_equal(np.asarray(v), np.asarray(bm.buffers[k]))
+@functools.cache
+def eval_forward(name):
+    """The jitted eval forward of a zoo model, compiled once and shared by the tests below."""
+    bm = bridged(name)[2]
+    return jit(lambda p, b, *xs: bm.apply(p, b, None, *xs, train=False))
 
 
-def test_grad_parity_eval_mode(case):
-    _, ref, bm, x, y = case
-    m = copy.deepcopy(ref).eval()
-    ce_torch(m(*x), y).backward()
-    loss_fn = lambda p: ce_jax(bm.apply(p, bm.buffers, None, *np_inputs(x), train=False)[0], jnp.asarray(y.numpy()))
-    loss, grads = jit(jax.value_and_grad(loss_fn))(bm.params)
-    assert_close(loss, ce_torch(m(*x), y))
-    torch_params = dict(m.named_parameters())  # torch de-duplicates tied parameters too
-    assert set(grads) == set(torch_params)
-    for k, g in grads.items():
-        if torch_params[k].grad is None:  # unused by this forward (e.g. BERT's unused pooler pieces): zero here
-            np.testing.assert_array_equal(np.asarray(g), 0)
-        else:
-            assert_close(g, torch_params[k].grad, atol=1e-4, rtol=1e-4)
+SGD_STEPS = 3
 
 
-def test_train_mode_buffers(case):
-    name, ref, bm, x, _ = case
-    if not ZOO[name].has_bn:
-        assert bm.buffers == {} or all("num_batches_tracked" not in k for k in bm.buffers)
-        pytest.skip("no BatchNorm")
-    m = copy.deepcopy(ref).train()
-    with torch.no_grad():
-        m(*x)
-    _, new = jit(lambda p, b, *xs: bm.apply(p, b, jax.random.key(0), *xs, train=True))(
-        bm.params, bm.buffers, *np_inputs(x))
-    sd = m.state_dict()
-    assert set(new) == set(bm.buffers) and new
-    for k, v in new.items():
-        assert new[k].dtype == bm.buffers[k].dtype
-        if k.endswith("num_batches_tracked"):
-            assert int(v) == int(sd[k]) == 1
-        else:
-            assert_close(v, sd[k], atol=1e-5, rtol=1e-5)
+@functools.cache
+def sgd_run(name):
+    """A few jitted optax SGD steps in train mode (dropout keyed, BN in batch-stats mode).
 
-
-@pytest.mark.parametrize("name", [n for n in ZOO if n != "hf_bert"])  # hf_bert_mask: same model, more inputs
-def test_round_trip_after_sgd(name):
-    name, ref, bm, x, y = bridged(name)
+    Returns the buffers after each step and the final params: the first step's buffers are the result of one
+    train forward from the initial weights, so they double as the train-mode buffer check.
+    """
+    _, _, bm, x, y = bridged(name)
     opt = optax.sgd(0.05, momentum=0.9)
     xs, yj = np_inputs(x), jnp.asarray(y.numpy())
 
@@ -118,19 +84,79 @@ def test_round_trip_after_sgd(name):
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), buffers, opt_state
 
-    params, buffers, opt_state = bm.params, bm.buffers, opt.init(bm.params)
-    for i in range(3):
+    params, buffers, opt_state, history = bm.params, bm.buffers, opt.init(bm.params), []
+    for i in range(SGD_STEPS):
         params, buffers, opt_state = step(params, buffers, opt_state, jax.random.key(i))
+        history.append(buffers)
+    return params, history
+
+
+def test_eval_forward_parity(case):
+    name, ref, bm, x, _ = case
+    m = copy.deepcopy(ref).eval()
+    with torch.no_grad():
+        expected = m(*x)
+    out, new_buffers = eval_forward(name)(bm.params, bm.buffers, *np_inputs(x))
+    assert out.shape == tuple(expected.shape)
+    assert_close(out, expected)
+    for k, v in new_buffers.items():  # eval leaves buffers alone
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(bm.buffers[k]))
+
+
+def test_grad_parity_eval_mode(case):
+    _, ref, bm, x, y = case
+    m = copy.deepcopy(ref).eval()
+    ce_torch(m(*x), y).backward()
+    loss_fn = lambda p: ce_jax(bm.apply(p, bm.buffers, None, *np_inputs(x), train=False)[0], jnp.asarray(y.numpy()))
+    loss, grads = jit(jax.value_and_grad(loss_fn))(bm.params)
+    with torch.no_grad():
+        assert_close(loss, ce_torch(m(*x), y))
+    torch_params = dict(m.named_parameters())  # torch de-duplicates tied parameters too
+    assert set(grads) == set(torch_params)
+    for k, g in grads.items():
+        if torch_params[k].grad is None:  # unused by this forward: zero here
+            np.testing.assert_array_equal(np.asarray(g), 0)
+        else:
+            assert_close(g, torch_params[k].grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if ZOO[n].has_bn])
+def test_train_mode_buffers(name):
+    _, ref, bm, x, _ = bridged(name)
+    m = copy.deepcopy(ref).train()
+    with torch.no_grad():
+        m(*x)
+    new = sgd_run(name)[1][0]  # after one train forward from the initial weights
+    sd = m.state_dict()
+    assert set(new) == set(bm.buffers) and new
+    for k, v in new.items():
+        assert v.dtype == bm.buffers[k].dtype
+        if k.endswith("num_batches_tracked"):
+            assert int(v) == int(sd[k]) == 1
+        else:
+            assert_close(v, sd[k], atol=1e-5, rtol=1e-5)
+
+
+def test_no_bn_models_carry_no_buffers():
+    for name in (n for n in ZOO if not ZOO[n].has_bn):
+        assert not any(k.endswith(("running_mean", "num_batches_tracked")) for k in bridged(name)[2].buffers)
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if n != "hf_bert"])  # hf_bert_mask: same model, more inputs
+def test_round_trip_after_sgd(name):
+    name, ref, bm, x, _ = bridged(name)
+    params, history = sgd_run(name)
+    buffers = history[-1]
     moved = max(float(jnp.abs(params[k] - bm.params[k]).max()) for k in params)
     assert moved > 1e-3  # the steps did something
     restored = bm.to_torch(params, buffers).eval()
-    ours, _ = bm.apply(params, buffers, None, *xs, train=False)
+    ours, _ = eval_forward(name)(params, buffers, *np_inputs(x))
     with torch.no_grad():
         assert_close(ours, restored(*x))
     for k, v in restored.state_dict().items():  # dtypes preserved (int64 num_batches_tracked, ...)
         assert v.dtype == ref.state_dict()[k].dtype
     if ZOO[name].has_bn:
-        assert all(int(v) == 3 for k, v in restored.state_dict().items() if k.endswith("num_batches_tracked"))
+        assert all(int(v) == SGD_STEPS for k, v in restored.state_dict().items() if k.endswith("num_batches_tracked"))
     if name == "gpt":
         assert restored.lm_head.weight is restored.wte.weight  # still tied after the load
 
