@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -65,7 +66,9 @@ def _dynamic_shapes(example_inputs: tuple):
 
 
 def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool, dynamic_batch: bool):
-    with _mode(module, train):
+    with _mode(module, train), warnings.catch_warnings():
+        # torch 2.13's own export internals deep-copy pytree specs and trip its LeafSpec deprecation warning
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         try:
             ep = torch.export.export(module, tuple(example_inputs),
                                      dynamic_shapes=_dynamic_shapes(example_inputs) if dynamic_batch else None)
@@ -73,7 +76,7 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
             e.add_note(f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode. "
                        "Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond.")
             raise
-    return ep.run_decompositions({})
+        return ep.run_decompositions({})
 
 
 def _where(node: torch.fx.Node) -> str:
