@@ -113,6 +113,11 @@ class Config(pydantic.BaseModel):
     eval_subset_num_batches: int = -1
     progress_bar: bool = True
     log_to_console: bool = True
+    save_folder: str | None = None
+    save_interval: TimeField = "1ep"
+    save_num_checkpoints_to_keep: int = -1
+    autoresume: bool = False
+    load_path: str | None = None
     model: dict[str, Any] = {"name": "resnet_cifar"}
     data: DataConfig = DataConfig()
     optimizer: dict[str, Any] = {"name": "decoupled_sgdw", "lr": 0.1}

@@ -92,7 +92,9 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                       precision=cfg.precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
                       run_name=run_name, run_dir=run_dir, progress_bar=cfg.progress_bar,
                       log_to_console=cfg.log_to_console, train_subset_num_batches=cfg.train_subset_num_batches,
-                      eval_subset_num_batches=cfg.eval_subset_num_batches)
+                      eval_subset_num_batches=cfg.eval_subset_num_batches, save_folder=cfg.save_folder,
+                      save_interval=cfg.save_interval, save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
+                      autoresume=cfg.autoresume, load_path=cfg.load_path)
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
     start = time.perf_counter()

@@ -53,3 +53,61 @@ def load_checkpoint(path: str | Path, target_state: Any) -> tuple[Any, Timestamp
         raise CheckpointError(f"load_path: {path} does not match this model/optimizer/recipe "
                               f"(changed shapes or methods?): {e}") from e
     return restored, Timestamp.from_state_dict(meta["timestamp"]), meta
+
+
+class CheckpointStore:
+    """Periodic checkpoints of a run in ``folder`` (Composer's ``save_folder``), one orbax step per saved batch.
+
+    orbax's ``CheckpointManager`` gives atomic commits (a save killed midway stays a ``*.orbax-checkpoint-tmp``
+    directory that is never listed, so it is never loaded), pruning to ``keep`` checkpoints and asynchronous
+    writes; the timestamp and recipe travel in the same step as a JSON item.
+    """
+
+    def __init__(self, folder: str | Path, *, keep: int = -1, async_save: bool = True):
+        self.folder = Path(folder).absolute()  # orbax needs absolute paths
+        if keep == 0 or keep < -1:
+            raise CheckpointError(f"save_num_checkpoints_to_keep: got {keep}, expected -1 (keep all) or >= 1")
+        self._options = ocp.CheckpointManagerOptions(max_to_keep=None if keep == -1 else keep, create=False,
+                                                     enable_async_checkpointing=async_save,
+                                                     cleanup_tmp_directories=True)
+        self._manager = None
+
+    @property
+    def manager(self) -> ocp.CheckpointManager:
+        if self._manager is None:  # created lazily: a run that fails validation writes nothing
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._manager = ocp.CheckpointManager(self.folder, item_names=("state", "meta"), options=self._options)
+        return self._manager
+
+    def latest_step(self) -> int | None:
+        if not self.folder.is_dir():
+            return None
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return [] if not self.folder.is_dir() else list(self.manager.all_steps())
+
+    def save(self, step: int, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> None:
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(train_state),
+            meta=ocp.args.JsonSave({"timestamp": timestamp.state_dict(), **(meta or {})})))
+
+    def restore(self, step: int, target_state: Any) -> tuple[Any, Timestamp, dict]:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint step {step} in {self.folder} does not match this model/optimizer/"
+                                  f"recipe (changed shapes or methods?): {e}") from e
+        return out["state"], Timestamp.from_state_dict(out["meta"]["timestamp"]), out["meta"]
+
+    def wait(self) -> None:
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
+            self._manager = None

@@ -61,7 +61,9 @@ class Trainer:
                  train_subset_num_batches: int = -1, seed: int | None = None, precision: str | None = None,
                  device_train_microbatch_size: int | None = None, run_name: str | None = None,
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
-                 load_path: str | Path | None = None, devices: Sequence | None = None):
+                 load_path: str | Path | None = None, save_folder: str | Path | None = None,
+                 save_interval: int | str | Time = "1ep", save_num_checkpoints_to_keep: int = -1,
+                 autoresume: bool = False, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
@@ -95,6 +97,17 @@ class Trainer:
         self.mesh = steps.make_mesh(devices)
         self.num_devices = self.mesh.devices.size
 
+        self.save_interval = self._parse_interval(save_interval, "save_interval")
+        if autoresume and save_folder is None:
+            raise ConfigurationError("autoresume: needs save_folder (where to look for the latest checkpoint), as "
+                                     "in Composer; also set run_name so reruns find the same run")
+        self.store = None if save_folder is None else \
+            checkpoint.CheckpointStore(save_folder, keep=save_num_checkpoints_to_keep)
+        resume_step = None if self.store is None else self.store.latest_step()
+        if resume_step is not None and not autoresume:
+            raise ConfigurationError(f"save_folder: {self.store.folder} already holds checkpoints (latest batch "
+                                     f"{resume_step}); pass autoresume=True to continue that run, or choose a new "
+                                     "folder (saved checkpoints are never overwritten)")
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self.train_subset_num_batches = train_subset_num_batches
         self.eval_subset_num_batches = eval_subset_num_batches
@@ -134,8 +147,11 @@ class Trainer:
         self._eval_step = None
         state = steps.init_train_state(self.task, self.tx, self.composed, self.seed, self.mesh)
         timestamp = Timestamp()
-        if load_path is not None:
+        if resume_step is not None:  # autoresume wins over load_path, as in Composer
+            state, timestamp, _ = self.store.restore(resume_step, state)
+        elif load_path is not None:
             state, timestamp, _ = checkpoint.load_checkpoint(load_path, state)
+        self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, max_duration=self.max_duration,
                               timestamp=timestamp, train_state=state, total_steps=self.total_steps,
                               steps_per_epoch=self.steps_per_epoch, learning_rate=self._lr_at)
@@ -172,6 +188,8 @@ class Trainer:
                     self._run_eval()
                     last_eval_batch = st.timestamp.batch
                 epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
+                if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
+                    self._save()  # (an epoch's last batch is saved after the epoch closes, below)
                 if (self._done() or st.stop_requested) and not epoch_complete:
                     break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
             else:
@@ -183,11 +201,18 @@ class Trainer:
                 if self._eval_due(TimeUnit.EPOCH):
                     self._run_eval()
                     last_eval_batch = st.timestamp.batch
+                if self._due(self.save_interval, TimeUnit.EPOCH) or \
+                        self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
+                    self._save()
                 continue
             break
         if self.eval_dataloader is not None and self.eval_interval is not None \
                 and last_eval_batch != st.timestamp.batch:
             self._run_eval()  # the final weights always get evaluated
+        if self.store is not None:
+            if self._last_saved != st.timestamp.batch:
+                self._save()  # the end of training is always saved
+            self.store.wait()
         self._fire(Event.FIT_END)
         return st
 
@@ -243,7 +268,23 @@ class Trainer:
                                           {"run_name": self.run_name, "seed": self.seed,
                                            "algorithms": list(self.composed.names)})
 
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        st = self.state
+        self.store.save(st.timestamp.batch, st.train_state, st.timestamp,
+                        {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)})
+        self._last_saved = st.timestamp.batch
+
+    def _due(self, interval: Time | None, unit: TimeUnit, count: int | None = None) -> bool:
+        if interval is None or interval.unit != unit:
+            return False
+        count = self.state.timestamp.get(unit).value if count is None else count
+        return count % interval.value == 0
+
     def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
         for cb in self.callbacks:
             cb.close(self.state, self.logger)
 
@@ -286,10 +327,7 @@ class Trainer:
         return ts.get(self.max_duration.unit).value >= self.max_duration.value
 
     def _eval_due(self, unit: TimeUnit) -> bool:
-        iv = self.eval_interval
-        if self.eval_dataloader is None or iv is None or iv.unit != unit:
-            return False
-        return self.state.timestamp.get(unit).value % iv.value == 0
+        return self.eval_dataloader is not None and self._due(self.eval_interval, unit)
 
     def _lr_at(self, step: int) -> float | None:
         return None if self.base_lr is None else float(self.base_lr * self.lr_multiplier(step))
@@ -342,15 +380,19 @@ class Trainer:
             raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
 
     def _parse_eval_interval(self, value) -> Time | None:
+        return self._parse_interval(value, "eval_interval")
+
+    @staticmethod
+    def _parse_interval(value, name: str) -> Time | None:
         if value in (0, "0", None):
             return None
         try:
             iv = Time.from_input(value, TimeUnit.EPOCH)
         except (TypeError, ValueError) as e:
-            raise ConfigurationError(f"eval_interval: {e}") from e
+            raise ConfigurationError(f"{name}: {e}") from e
         if iv.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or iv.value <= 0:
-            raise ConfigurationError(f"eval_interval: got {value!r}, expected a positive number of epochs or batches "
-                                     "such as '1ep' or '500ba' (0 disables evaluation)")
+            raise ConfigurationError(f"{name}: got {value!r}, expected a positive number of epochs or batches "
+                                     "such as '1ep' or '500ba' (0 disables it)")
         return iv
 
 

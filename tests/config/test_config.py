@@ -91,3 +91,15 @@ def test_cli_reports_config_errors_with_exit_code_2(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2
     assert "max_duration" in proc.stderr and "10epochs" in proc.stderr
+
+
+def test_fit_saves_and_autoresumes_from_config(tmp_path):
+    base = {**TINY, "run_dir": str(tmp_path / "runs"), "save_folder": str(tmp_path / "ck"), "save_interval": "1ep",
+            "max_duration": "1ep"}
+    first = fit(base)
+    assert first.trainer.store.all_steps() == [len(first.trainer.train_dataloader)]
+    again = fit({**base, "max_duration": "2ep", "autoresume": True})
+    assert again.state.timestamp.epoch == 2
+    assert again.trainer.store.all_steps() == [len(again.trainer.train_dataloader) * k for k in (1, 2)]
+    with pytest.raises(ConfigError, match="save_interval"):
+        load_config({**base, "save_interval": "2epochs"})
