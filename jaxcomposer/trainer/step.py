@@ -104,8 +104,16 @@ def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         extras = composed.update_extras(state.extras, params, model_state, ctx, state.key)
-        new_state = TrainState(state.step + 1, params, model_state, opt_state, extras, state.key)
-        return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        grad_norm = optax.tree.norm(grads)
+        # A non-finite loss or gradient never reaches the state: the step keeps the old params, optimizer and
+        # method state (the host then raises or counts the skip). Unlike optax.apply_if_finite, there is no
+        # "apply anyway" after N failures. The step counter still advances: the batch was consumed.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                            (params, model_state, opt_state, extras),
+                            (state.params, state.model_state, state.opt_state, state.extras))
+        new_state = TrainState(state.step + 1, *kept, state.key)
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
     return train_step
 

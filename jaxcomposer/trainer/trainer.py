@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.events import Callback, Event, RunState
 from jaxcomposer.core.method import compose
 from jaxcomposer.core.model import Task, is_torch_module
@@ -63,7 +64,8 @@ class Trainer:
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
                  save_interval: int | str | Time = "1ep", save_num_checkpoints_to_keep: int = -1,
-                 autoresume: bool = False, devices: Sequence | None = None):
+                 autoresume: bool = False, nonfinite: str = "raise", nonfinite_max_skips: int = 10,
+                 devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
@@ -97,6 +99,13 @@ class Trainer:
         self.mesh = steps.make_mesh(devices)
         self.num_devices = self.mesh.devices.size
 
+        if nonfinite not in ("raise", "skip"):
+            raise ConfigurationError(f"nonfinite: got {nonfinite!r}, expected 'raise' (stop at the first NaN/inf loss "
+                                     "or gradient) or 'skip' (skip such steps, at most nonfinite_max_skips in a row)")
+        if nonfinite_max_skips < 0:
+            raise ConfigurationError(f"nonfinite_max_skips: got {nonfinite_max_skips}, expected >= 0")
+        self.nonfinite, self.nonfinite_max_skips = nonfinite, nonfinite_max_skips
+        self._pending_check, self._skips_in_a_row = None, 0
         self.save_interval = self._parse_interval(save_interval, "save_interval")
         if autoresume and save_folder is None:
             raise ConfigurationError("autoresume: needs save_folder (where to look for the latest checkpoint), as "
@@ -181,6 +190,10 @@ class Trainer:
                     samples=n, tokens=self.task.num_tokens(batch),
                     duration=self._since_mark())
                 st.batch_metrics = metrics
+                # checked one step late, so the host never waits on the step it just dispatched; the state is safe
+                # meanwhile because the step itself refuses non-finite updates
+                self._check_finite()
+                self._pending_check = (st.timestamp.batch, metrics)
                 self.logger.set_step(st.timestamp.batch)
                 self.logger.log_metrics({"loss/train/total": metrics["loss"]})
                 self._fire(Event.BATCH_END)
@@ -209,6 +222,7 @@ class Trainer:
         if self.eval_dataloader is not None and self.eval_interval is not None \
                 and last_eval_batch != st.timestamp.batch:
             self._run_eval()  # the final weights always get evaluated
+        self._check_finite()
         if self.store is not None:
             if self._last_saved != st.timestamp.batch:
                 self._save()  # the end of training is always saved
@@ -268,9 +282,29 @@ class Trainer:
                                           {"run_name": self.run_name, "seed": self.seed,
                                            "algorithms": list(self.composed.names)})
 
+    def _check_finite(self) -> None:
+        if self._pending_check is None:
+            return
+        batch, metrics = self._pending_check
+        self._pending_check = None
+        if bool(metrics["finite"]):
+            self._skips_in_a_row = 0
+            return
+        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+        what = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {grad_norm}"
+        self._skips_in_a_row += 1
+        self.logger.log_metrics({"nonfinite/skipped_in_a_row": self._skips_in_a_row}, batch)
+        if self.nonfinite == "raise" or self._skips_in_a_row > self.nonfinite_max_skips:
+            why = "" if self.nonfinite == "raise" else f" ({self._skips_in_a_row} such steps in a row, more than " \
+                                                      f"nonfinite_max_skips={self.nonfinite_max_skips})"
+            raise NonFiniteLossError(f"batch {batch}: the {what}{why}. The update was not applied and no state "
+                                     "after it was saved. Lower the learning rate, clip gradients "
+                                     "(GradientClipping), or pass nonfinite='skip' to step over rare bad batches.")
+
     def _save(self) -> None:
         if self.store is None:
             return
+        self._check_finite()  # never save past a step that should have raised
         st = self.state
         self.store.save(st.timestamp.batch, st.train_state, st.timestamp,
                         {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)})
