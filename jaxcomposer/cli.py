@@ -24,11 +24,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from jaxcomposer.config import ConfigError
     from jaxcomposer.runner import fit
+    from jaxcomposer.trainer.trainer import Preempted
     try:
         result = fit(args.config, args.overrides)
     except ConfigError as e:
         print(f"jaxcomposer: {e}", file=sys.stderr)
         return 2
+    except Preempted as e:  # SIGTERM -> 143, SIGINT -> 130, after the current step was saved
+        print(f"jaxcomposer: {e}", file=sys.stderr)
+        return e.exit_code
     summary = {"metrics": result.metrics, "wall_time_s": round(result.wall_time_s, 1), "run_dir": str(result.run_dir)}
     if result.fallback_note:
         summary["note"] = result.fallback_note

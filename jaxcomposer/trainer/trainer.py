@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -173,6 +175,12 @@ class Trainer:
             raise ConfigurationError(f"{missing}: required to fit (e.g. max_duration='10ep').")
         st = self.state
         st.stop_requested = False
+        with _PreemptionGuard() as preemption:
+            self._fit_loop(preemption)
+        return st
+
+    def _fit_loop(self, preemption: "_PreemptionGuard") -> None:
+        st = self.state
         self._fire(Event.FIT_START)
         self._mark = time.perf_counter()
         last_eval_batch = -1
@@ -203,6 +211,8 @@ class Trainer:
                 epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
                 if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
                     self._save()  # (an epoch's last batch is saved after the epoch closes, below)
+                if preemption.signal is not None:
+                    self._preempted(preemption.signal)
                 if (self._done() or st.stop_requested) and not epoch_complete:
                     break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
             else:
@@ -228,7 +238,15 @@ class Trainer:
                 self._save()  # the end of training is always saved
             self.store.wait()
         self._fire(Event.FIT_END)
-        return st
+
+    def _preempted(self, signum: int) -> None:
+        """SIGTERM/SIGINT arrived: the current step is done; save it (when saving is configured) and stop."""
+        self._check_finite()
+        if self.store is not None and self._last_saved != self.state.timestamp.batch:
+            self._save()
+        if self.store is not None:
+            self.store.wait()
+        raise Preempted(signum, self.state.timestamp.batch, self.store.folder if self.store else None)
 
     def eval(self, eval_dataloader: Iterable | None = None, subset_num_batches: int = -1,
              label: str = "eval") -> dict[str, float]:
@@ -428,6 +446,45 @@ class Trainer:
             raise ConfigurationError(f"{name}: got {value!r}, expected a positive number of epochs or batches "
                                      "such as '1ep' or '500ba' (0 disables it)")
         return iv
+
+
+class Preempted(KeyboardInterrupt):
+    """Training stopped on SIGTERM or SIGINT after finishing a step and saving it. A KeyboardInterrupt, so a
+    notebook cell stops cleanly; ``jaxcomposer fit`` turns it into exit code ``128 + signal`` (143 for SIGTERM,
+    130 for SIGINT), and ``autoresume=True`` continues from the saved step."""
+
+    def __init__(self, signum: int, batch: int, folder):
+        self.signum, self.batch, self.folder = signum, batch, folder
+        where = f"saved batch {batch} to {folder}" if folder else "nothing saved (no save_folder)"
+        super().__init__(f"{signal.Signals(signum).name} received: stopped after batch {batch}; {where}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class _PreemptionGuard:
+    """Turns SIGTERM/SIGINT into a flag checked between steps, so a step is never cut in half. orbax only catches
+    preemption after ``jax.distributed.initialize``; this covers single-process runs. Outside the main thread
+    (where Python cannot install handlers) it does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signal, self._previous = None, {}
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        return False
 
 
 def _as_loader(loader, name: str):
