@@ -6,7 +6,9 @@ batches and the same random keys (``fold_in(key, step)``) as an uninterrupted on
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,42 @@ META_FILE = "meta.json"
 
 class CheckpointError(ValueError):
     pass
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A saved file no longer matches the checksum written when its step was committed (bit rot, truncation)."""
+
+
+CHECKSUMS = "checksums.json"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checksums(step_dir: Path) -> None:
+    """sha256 of every file of a committed step (orbax promises atomic commits, not bit integrity)."""
+    files = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    table = {str(p.relative_to(step_dir)): _digest(p) for p in files}
+    tmp = step_dir / (CHECKSUMS + ".tmp")
+    tmp.write_text(json.dumps(table, indent=0))
+    tmp.replace(step_dir / CHECKSUMS)  # atomic: a step has a complete table or none
+
+
+def verify_checksums(step_dir: Path, step: int) -> None:
+    table_path = step_dir / CHECKSUMS
+    if not table_path.is_file():
+        raise CorruptCheckpointError(f"checkpoint step {step} ({step_dir}) has no {CHECKSUMS}: its save never "
+                                     "completed, so it is not trusted")
+    for name, digest in json.loads(table_path.read_text()).items():
+        path = step_dir / name
+        if not path.is_file() or _digest(path) != digest:
+            raise CorruptCheckpointError(f"checkpoint step {step}: file {path} is missing or does not match "
+                                         "its checksum (corrupt or truncated)")
 
 
 def save_checkpoint(path: str | Path, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> Path:
@@ -71,6 +109,7 @@ class CheckpointStore:
                                                      enable_async_checkpointing=async_save,
                                                      cleanup_tmp_directories=True)
         self._manager = None
+        self._unsealed: list[int] = []  # committed (or committing) steps still waiting for their checksums
 
     @property
     def manager(self) -> ocp.CheckpointManager:
@@ -87,12 +126,36 @@ class CheckpointStore:
     def all_steps(self) -> list[int]:
         return [] if not self.folder.is_dir() else list(self.manager.all_steps())
 
+    def _seal(self) -> None:
+        """Checksum the steps whose async writes have finished (orbax commits them atomically first)."""
+        if not self._unsealed:
+            return
+        self.manager.wait_until_finished()
+        for step in self._unsealed:
+            step_dir = self.folder / str(step)
+            if step_dir.is_dir():  # (max_to_keep may already have pruned it)
+                write_checksums(step_dir)
+        self._unsealed = []
+
+    def newest_good_step(self) -> int | None:
+        """The newest step whose files all match their checksums; corrupt ones are reported and passed over."""
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                verify_checksums(self.folder / str(step), step)
+                return step
+            except CorruptCheckpointError as e:
+                warnings.warn(f"autoresume: skipping checkpoint step {step}: {e}", stacklevel=2)
+        return None
+
     def save(self, step: int, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> None:
+        self._seal()
+        self._unsealed.append(step)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(train_state),
             meta=ocp.args.JsonSave({"timestamp": timestamp.state_dict(), **(meta or {})})))
 
     def restore(self, step: int, target_state: Any) -> tuple[Any, Timestamp, dict]:
+        verify_checksums(self.folder / str(step), step)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(
@@ -104,10 +167,11 @@ class CheckpointStore:
 
     def wait(self) -> None:
         if self._manager is not None:
+            self._seal()
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            self.wait()
             self._manager.close()
             self._manager = None

@@ -114,11 +114,13 @@ class Trainer:
                                      "in Composer; also set run_name so reruns find the same run")
         self.store = None if save_folder is None else \
             checkpoint.CheckpointStore(save_folder, keep=save_num_checkpoints_to_keep)
-        resume_step = None if self.store is None else self.store.latest_step()
-        if resume_step is not None and not autoresume:
+        latest = None if self.store is None else self.store.latest_step()
+        if latest is not None and not autoresume:
             raise ConfigurationError(f"save_folder: {self.store.folder} already holds checkpoints (latest batch "
-                                     f"{resume_step}); pass autoresume=True to continue that run, or choose a new "
+                                     f"{latest}); pass autoresume=True to continue that run, or choose a new "
                                      "folder (saved checkpoints are never overwritten)")
+        # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
+        resume_step = None if latest is None else self.store.newest_good_step()
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self.train_subset_num_batches = train_subset_num_batches
         self.eval_subset_num_batches = eval_subset_num_batches

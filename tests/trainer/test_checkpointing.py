@@ -60,3 +60,28 @@ def test_saving_arguments_are_checked_before_anything_runs(tmp_path):
     t.close()
     with pytest.raises(ConfigurationError, match="already holds checkpoints"):
         trainer("4ba", save_folder=tmp_path / "b")
+
+
+def _files(step_dir):
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != "checksums.json" and p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_checkpoint_is_detected_and_autoresume_falls_back(tmp_path, damage):
+    from jaxcomposer.trainer.checkpoint import CorruptCheckpointError
+    first = trainer("4ba", save_folder=tmp_path / "ck", save_interval="2ba")
+    first.fit()
+    first.close()
+    assert (tmp_path / "ck" / "4" / "checksums.json").is_file()
+    victim = max(_files(tmp_path / "ck" / "4"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    else:
+        victim.write_bytes(bytes(data[: len(data) // 3]))
+    with pytest.raises(CorruptCheckpointError, match=r"checkpoint step 4: file .* does not match"):
+        first.store.restore(4, first.state.train_state)
+    with pytest.warns(UserWarning, match="skipping checkpoint step 4"):
+        resumed = trainer("6ba", save_folder=tmp_path / "ck", autoresume=True)
+    assert resumed.state.timestamp.batch == 2
