@@ -85,3 +85,24 @@ def test_corrupt_checkpoint_is_detected_and_autoresume_falls_back(tmp_path, dama
     with pytest.warns(UserWarning, match="skipping checkpoint step 4"):
         resumed = trainer("6ba", save_folder=tmp_path / "ck", autoresume=True)
     assert resumed.state.timestamp.batch == 2
+
+
+def test_two_fresh_runs_with_one_seed_give_identical_bits():
+    a, b = trainer("6ba"), trainer("6ba")
+    a.fit()
+    b.fit()
+    for x, y in zip(leaves(a.state.train_state), leaves(b.state.train_state)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_restore_onto_a_different_device_count(tmp_path):
+    import jax
+    two = trainer("3ba", save_folder=tmp_path / "ck", save_interval="3ba", devices=jax.devices()[:2])
+    two.fit()
+    two.close()
+    one = trainer("3ba", save_folder=tmp_path / "ck", autoresume=True, devices=jax.devices()[:1])
+    assert one.state.timestamp.batch == 3
+    for x, y in zip(leaves(two.state.train_state), leaves(one.state.train_state)):
+        np.testing.assert_array_equal(x, y)
+    assert {d.id for x in jax.tree_util.tree_leaves(one.state.train_state.params) for d in x.devices()} == \
+        {jax.devices()[0].id}
