@@ -26,17 +26,14 @@ import platform
 import sys
 from collections import Counter
 from pathlib import Path
+from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "bridge_coverage"
 
 
 def machine_facts() -> dict:
-    import jax
-    import torch
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "torch": torch.__version__,
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    return shared_machine_facts()
 
 
 def group_of(op) -> str:

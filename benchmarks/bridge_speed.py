@@ -56,6 +56,7 @@ from jaxcomposer.data.datasets import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, fa
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
 from torch_bridge.reference_models import TorchResNetCIFAR
+from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "bridge_speed"
@@ -63,17 +64,7 @@ SIDES = ("torch", "bridged", "native")
 
 
 def machine_facts() -> dict:
-    import flax
-    import optax
-    return {"cpu_count": os.cpu_count(),
-            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "jaxcomposer": getattr(jaxcomposer, "__version__", None), "jax_backend": jax.default_backend(),
-            "jax_devices": [str(d) for d in jax.devices()],
-            "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    return shared_machine_facts(torch_threads=torch.get_num_threads())
 
 
 def load_quickstart(path: Path) -> dict:

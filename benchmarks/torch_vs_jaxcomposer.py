@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "torch_vs_jaxcomposer"
@@ -43,17 +44,8 @@ TARGET_ACC = 0.91
 
 
 def machine_facts() -> dict:
-    import flax
-    import jax
-    import optax
     import torch
-    return {"cpu_count": os.cpu_count(),
-            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "jax": jax.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    return shared_machine_facts(torch_threads=torch.get_num_threads())
 
 
 # ---------------------------------------------------------------------------------------------------------------

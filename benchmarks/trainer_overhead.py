@@ -43,27 +43,14 @@ from jaxcomposer.data.datasets import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, fa
                                        load_fashion_mnist, normalize_images)
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
+from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "trainer_overhead"
 
 
 def machine_facts() -> dict:
-    import flax
-    import optax
-    try:
-        import torch
-        torch_version = torch.__version__
-    except Exception:  # noqa: BLE001 - torch is optional here
-        torch_version = None
-    return {"cpu_count": os.cpu_count(),
-            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "jax": jax.__version__, "jaxlib": jax.lib.__version__
-            if hasattr(jax.lib, "__version__") else None, "flax": flax.__version__, "optax": optax.__version__,
-            "torch": torch_version, "jaxcomposer": getattr(jaxcomposer, "__version__", None),
-            "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    return shared_machine_facts()
 
 
 def load_quickstart(path: Path) -> dict:

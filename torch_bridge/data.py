@@ -28,12 +28,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grain
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from jaxcomposer.data.loader import _SHUFFLE_TAG, _TRANSFORM_TAG, _derive_seed
+from jaxcomposer.data.loader import IndexedLoader
 
 __all__ = ["DatasetLoader", "DataLoaderWrapper", "from_dataset", "from_dataloader", "to_numpy", "numpy_collate"]
 
@@ -104,12 +103,11 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 # ---- from_dataset ----------------------------------------------------------------------------------------------
-class DatasetLoader:
+class DatasetLoader(IndexedLoader):
     """``ArrayLoader``'s protocol over a map-style torch ``Dataset``; see ``from_dataset``.
 
-    Epoch/position semantics are ``ArrayLoader``'s: ``set_epoch(e)`` picks the permutation of the next
-    ``__iter__`` (a no-op for the current epoch, so it keeps a resumed position), finishing an epoch moves to
-    ``(e + 1, 0)``, breaking out leaves the position at the next unyielded batch. One iteration at a time.
+    Epoch, position and resume semantics are jaxcomposer's :class:`IndexedLoader`'s (the same order as an
+    ``ArrayLoader`` with the same seed).
     """
 
     def __init__(self, dataset: Any, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
@@ -135,59 +133,11 @@ class DatasetLoader:
         n = len(dataset)
         if n == 0:
             raise ValueError(f"dataset {type(dataset).__name__} is empty (len 0)")
-        if drop_last and batch_size > n:
-            raise ValueError(f"batch_size={batch_size} is larger than the dataset size {n} and drop_last=True, so an "
-                             f"epoch would have no batches; use a batch_size <= {n} or drop_last=False")
-        self.dataset, self._n, self.batch_size = dataset, n, batch_size
-        self.shuffle, self.drop_last, self.keys = bool(shuffle), bool(drop_last), tuple(keys)
-        self.collate, self.transform, self.worker_count = collate, transform, 0
+        super().__init__(n, batch_size, shuffle=shuffle, seed=self.seed, drop_last=drop_last, transform=transform)
+        self.dataset, self.keys, self.collate, self.worker_count = dataset, tuple(keys), collate, 0
         # TensorDataset + default collate: one fancy-index gather per tensor instead of a Python loop.
         self._tensors = dataset.tensors if isinstance(dataset, TensorDataset) and collate is None else None
         self._pool: ThreadPoolExecutor | None = None
-        self._epoch = self._batch_index = 0
-
-    @property
-    def num_samples(self) -> int:
-        return self._n
-
-    def __len__(self) -> int:
-        return self._n // self.batch_size if self.drop_last else -(-self._n // self.batch_size)
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        if _check_int("epoch", epoch, 0) != self._epoch:
-            self._epoch, self._batch_index = int(epoch), 0
-
-    def get_state(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "batch_index": self._batch_index, "seed": self.seed,
-                "batch_size": self.batch_size, "num_samples": self._n}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore a position; only ``epoch``/``batch_index`` are required, other keys must match this loader."""
-        missing = {"epoch", "batch_index"} - set(state)
-        if missing:
-            raise ValueError(f"loader state is missing {sorted(missing)}; got keys {sorted(state)}")
-        for key, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("num_samples", self._n)):
-            if key in state and int(state[key]) != mine:
-                raise ValueError(f"loader state was saved with {key}={state[key]} but this loader has {key}={mine}")
-        epoch, index = int(state["epoch"]), int(state["batch_index"])
-        if epoch < 0 or not 0 <= index <= len(self):
-            raise ValueError(f"invalid loader position epoch={epoch}, batch_index={index} (epoch has {len(self)})")
-        self._epoch, self._batch_index = (epoch + 1, 0) if index == len(self) else (epoch, index)
-
-    def _index_batches(self, epoch: int) -> grain.MapDataset:
-        ds = grain.MapDataset.range(self._n)
-        if self.shuffle:
-            ds = ds.shuffle(seed=_derive_seed(self.seed, epoch, _SHUFFLE_TAG))
-        return ds.batch(self.batch_size, drop_remainder=self.drop_last)
-
-    def epoch_indices(self, epoch: int) -> list[np.ndarray]:
-        """Example indices of every batch of ``epoch`` (does not move the position)."""
-        ds = self._index_batches(epoch)
-        return [np.asarray(ds[i]) for i in range(len(ds))]
 
     def _fetch(self, indices: np.ndarray) -> list:
         idx = [int(i) for i in indices]
@@ -197,27 +147,13 @@ class DatasetLoader:
             return list(self._pool.map(self.dataset.__getitem__, idx))  # map keeps the order
         return [self.dataset[i] for i in idx]
 
-    def _load(self, indices: np.ndarray, epoch: int, batch_index: int) -> Batch:
+    def _gather(self, indices: np.ndarray) -> Batch:
         if self._tensors is not None:
             rows = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-            batch = to_numpy(tuple(t[rows] for t in self._tensors), self.keys)
-        else:
-            examples = self._fetch(indices)
-            batch = numpy_collate(examples, self.keys) if self.collate is None else self.collate(examples)
-            batch = to_numpy(batch, self.keys)  # a custom collate may still return tensors or a tuple
-        if self.transform is not None:
-            rng = np.random.default_rng(_derive_seed(self.seed, epoch, batch_index, _TRANSFORM_TAG))
-            batch = self.transform(batch, rng)
-        return batch
-
-    def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self._epoch, self._batch_index
-        ds = self._index_batches(epoch)
-        num_batches = len(ds)
-        for i in range(start, num_batches):
-            batch = self._load(ds[i], epoch, i)
-            self._epoch, self._batch_index = (epoch + 1, 0) if i + 1 == num_batches else (epoch, i + 1)
-            yield batch
+            return to_numpy(tuple(t[rows] for t in self._tensors), self.keys)
+        examples = self._fetch(indices)
+        batch = numpy_collate(examples, self.keys) if self.collate is None else self.collate(examples)
+        return to_numpy(batch, self.keys)  # a custom collate may still return tensors or a tuple
 
     def close(self) -> None:
         if self._pool is not None:

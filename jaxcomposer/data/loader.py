@@ -36,8 +36,8 @@ def _first_dim(array: Any) -> int:
     return int(shape[0])
 
 
-class ArrayLoader:
-    """Iterable of ``dict[str, np.ndarray]`` batches over in-memory arrays sharing their first dimension.
+class IndexedLoader:
+    """The position logic shared by our loaders: batches of example indices, a pure function of (seed, epoch).
 
     Epoch semantics (like torch's ``DistributedSampler``): ``set_epoch(e)`` selects the permutation used by the
     next ``__iter__``; it is a pure function of ``(seed, e)``. Finishing an epoch advances the position to
@@ -46,65 +46,31 @@ class ArrayLoader:
     ``get_state``/``set_state`` resume exact). ``set_epoch`` to a *different* epoch restarts at batch 0; to the
     current epoch it is a no-op, so a trainer that calls ``set_epoch`` after ``set_state`` keeps the resumed spot.
 
-    Arrays may be numpy arrays or any array-like with ``.shape`` and numpy fancy indexing (e.g. ``TokenWindows``).
-
     ``transform(batch, rng)`` runs on the host per batch; ``rng`` is seeded from ``(seed, epoch, batch index)`` so
-    it is deterministic and resumable. It must not mutate the input arrays in place (they may be views).
-
-    ``worker_count`` is validated (``>= 0``) but otherwise unused: a batch is one vectorized gather, which is
-    faster in-process than shipping arrays through grain's multiprocessing workers. The per-batch cost is mostly
-    grain computing shuffled indices in Python (~10 us per example: ~1 s per 60k-example epoch on one core);
-    ``prefetch_to_device`` overlaps it with the training step.
-
-    One iteration at a time: two live iterators over the same loader share (and fight over) the position.
+    it is deterministic and resumable. Subclasses implement ``_gather(indices) -> batch``. One iteration at a
+    time: two live iterators over the same loader share (and fight over) the position.
     """
 
-    def __init__(
-        self,
-        arrays: Mapping[str, Any],
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = True,
-        transform: Transform | None = None,
-        worker_count: int = 0,
-    ):
-        if not isinstance(arrays, Mapping) or not arrays:
-            raise ValueError("ArrayLoader needs a non-empty mapping of name -> array")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if worker_count < 0:
-            raise ValueError(f"worker_count must be >= 0, got {worker_count}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self._arrays = {k: (v if hasattr(v, "shape") else np.asarray(v)) for k, v in arrays.items()}
-        sizes = {k: _first_dim(v) for k, v in self._arrays.items()}
-        if len(set(sizes.values())) > 1:
-            listing = ", ".join(f"{k!r}: {n}" for k, n in sizes.items())
-            raise ValueError(f"all arrays must have the same first dimension; got {listing}")
-        n = next(iter(sizes.values()))
-        if n == 0:
-            raise ValueError(f"dataset is empty (arrays {sorted(sizes)} have 0 examples)")
-        if drop_last and batch_size > n:
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
+                 transform: Transform | None):
+        if drop_last and batch_size > num_samples:
             raise ValueError(
-                f"batch_size={batch_size} is larger than the dataset size {n} and drop_last=True, so an epoch would "
-                f"have no batches; use a batch_size <= {n} or drop_last=False"
+                f"batch_size={batch_size} is larger than the dataset size {num_samples} and drop_last=True, so an "
+                f"epoch would have no batches; use a batch_size <= {num_samples} or drop_last=False"
             )
-        self._n = n
+        self._n = int(num_samples)
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.transform = transform
-        self.worker_count = int(worker_count)
         self._epoch = 0
         self._batch_index = 0
 
     # -- size -------------------------------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
-        """Number of examples in the underlying arrays (not the number yielded per epoch when drop_last)."""
+        """Number of examples in the underlying data (not the number yielded per epoch when drop_last)."""
         return self._n
 
     def __len__(self) -> int:
@@ -118,8 +84,8 @@ class ArrayLoader:
     # -- epoch and position -----------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Choose the permutation of the next ``__iter__``; restarts at batch 0 unless ``epoch`` is current."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._batch_index = int(epoch), 0
 
@@ -164,23 +130,69 @@ class ArrayLoader:
         ds = self._index_batches(epoch)
         return [np.asarray(ds[i]) for i in range(len(ds))]
 
-    def _gather(self, indices: np.ndarray, epoch: int, batch_index: int) -> Batch:
-        idx = np.asarray(indices, dtype=np.int64)
-        batch = {k: np.asarray(v[idx]) for k, v in self._arrays.items()}
-        if self.transform is not None:
-            rng = np.random.default_rng(_derive_seed(self.seed, epoch, batch_index, _TRANSFORM_TAG))
-            batch = self.transform(batch, rng)
-        return batch
+    def _gather(self, indices: np.ndarray) -> Batch:
+        raise NotImplementedError
 
     def __iter__(self) -> Iterator[Batch]:
         epoch, start = self._epoch, self._batch_index
         ds = self._index_batches(epoch)
         num_batches = len(ds)
         for i in range(start, num_batches):
-            batch = self._gather(ds[i], epoch, i)
+            batch = self._gather(ds[i])
+            if self.transform is not None:
+                rng = np.random.default_rng(_derive_seed(self.seed, epoch, i, _TRANSFORM_TAG))
+                batch = self.transform(batch, rng)
             # Advance before yielding: once the consumer holds batch i, the position is "next is i + 1".
             self._epoch, self._batch_index = (epoch + 1, 0) if i + 1 == num_batches else (epoch, i + 1)
             yield batch
+
+
+class ArrayLoader(IndexedLoader):
+    """Iterable of ``dict[str, np.ndarray]`` batches over in-memory arrays sharing their first dimension.
+
+    Position, epoch and resume semantics are :class:`IndexedLoader`'s. Arrays may be numpy arrays or any array-like
+    with ``.shape`` and numpy fancy indexing (e.g. ``TokenWindows``). A ``transform`` must not mutate the input
+    arrays in place (they may be views).
+
+    ``worker_count`` is validated (``>= 0``) but otherwise unused: a batch is one vectorized gather, which is
+    faster in-process than shipping arrays through grain's multiprocessing workers. The per-batch cost is mostly
+    grain computing shuffled indices in Python (~10 us per example: ~1 s per 60k-example epoch on one core);
+    ``prefetch_to_device`` overlaps it with the training step.
+    """
+
+    def __init__(
+        self,
+        arrays: Mapping[str, Any],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        transform: Transform | None = None,
+        worker_count: int = 0,
+    ):
+        if not isinstance(arrays, Mapping) or not arrays:
+            raise ValueError("ArrayLoader needs a non-empty mapping of name -> array")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if worker_count < 0:
+            raise ValueError(f"worker_count must be >= 0, got {worker_count}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self._arrays = {k: (v if hasattr(v, "shape") else np.asarray(v)) for k, v in arrays.items()}
+        sizes = {k: _first_dim(v) for k, v in self._arrays.items()}
+        if len(set(sizes.values())) > 1:
+            listing = ", ".join(f"{k!r}: {n}" for k, n in sizes.items())
+            raise ValueError(f"all arrays must have the same first dimension; got {listing}")
+        n = next(iter(sizes.values()))
+        if n == 0:
+            raise ValueError(f"dataset is empty (arrays {sorted(sizes)} have 0 examples)")
+        super().__init__(n, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform)
+        self.worker_count = int(worker_count)
+
+    def _gather(self, indices: np.ndarray) -> Batch:
+        idx = np.asarray(indices, dtype=np.int64)
+        return {k: np.asarray(v[idx]) for k, v in self._arrays.items()}
 
     def __repr__(self) -> str:
         return (
