@@ -19,14 +19,11 @@ Run:  .venv/bin/python benchmarks/bridge_coverage.py
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 from collections import Counter
 from pathlib import Path
-from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
+from common import machine_facts as shared_machine_facts  # benchmarks/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "bridge_coverage"

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -51,12 +49,10 @@ import jaxcomposer
 import torch_bridge
 from jaxcomposer import ComposerClassifier, Trainer
 from jaxcomposer.core.time import Time, TimeUnit
-from jaxcomposer.data.datasets import (FASHION_MNIST_MEAN, FASHION_MNIST_STD, fashion_mnist_available,
-                                       load_fashion_mnist, normalize_images)
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
 from torch_bridge.reference_models import TorchResNetCIFAR
-from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
+from common import fashion_mnist_batches, machine_facts as shared_machine_facts  # benchmarks/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "bridge_speed"
@@ -78,21 +74,6 @@ def load_quickstart(path: Path) -> dict:
             "seed": int(cfg.get("seed", 0))}
 
 
-def make_batches(batch_size: int, count: int, seed: int) -> tuple[list[dict], str]:
-    """``count`` host batches ``{'input': float32 (B,28,28,1) normalized, 'target': int32 (B,)}`` (NHWC)."""
-    rng = np.random.default_rng(seed)
-    if fashion_mnist_available():
-        train = load_fashion_mnist("train")
-        idx = rng.permutation(len(train["target"]))[: batch_size * count]
-        x, y = train["input"][idx], train["target"][idx].astype(np.int32)
-        source = "fashion_mnist (real, /usr/share/datasets/fashion-mnist)"
-    else:
-        x = rng.integers(0, 256, (batch_size * count, 28, 28, 1), dtype=np.uint8)
-        y = rng.integers(0, 10, (batch_size * count,), dtype=np.int32)
-        source = "random uint8 data of Fashion-MNIST's shape (dataset not installed)"
-    x = normalize_images(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
-    return [{"input": np.ascontiguousarray(x[i * batch_size:(i + 1) * batch_size]),
-             "target": np.ascontiguousarray(y[i * batch_size:(i + 1) * batch_size])} for i in range(count)], source
 
 
 def to_nchw(pool: list[dict]) -> list[dict]:
@@ -191,7 +172,7 @@ def main(argv=None) -> int:
 
     q = load_quickstart(Path(args.config))
     bs = q["batch_size"]
-    pool, source = make_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
+    pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
     pool_nchw = to_nchw(pool)
     total = args.warmup + args.rounds * args.steps
 

@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from machine import machine_facts as shared_machine_facts  # benchmarks/machine.py
+from common import machine_facts as shared_machine_facts  # benchmarks/common.py
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "torch_vs_jaxcomposer"
