@@ -213,8 +213,8 @@ class Trainer:
                 epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
                 if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
                     self._save()  # (an epoch's last batch is saved after the epoch closes, below)
-                if preemption.signal is not None:
-                    self._preempted(preemption.signal)
+                if preemption.signal is not None and not epoch_complete:
+                    self._preempted(preemption.signal)  # (on an epoch's last batch: after the epoch closes)
                 if (self._done() or st.stop_requested) and not epoch_complete:
                     break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
             else:
@@ -229,6 +229,8 @@ class Trainer:
                 if self._due(self.save_interval, TimeUnit.EPOCH) or \
                         self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
                     self._save()
+                if preemption.signal is not None:
+                    self._preempted(preemption.signal)
                 continue
             break
         if self.eval_dataloader is not None and self.eval_interval is not None \
