@@ -1,0 +1,105 @@
+"""How long a checkpoint save and restore take, for the quickstart model and a ~100M-parameter state, and what
+asynchronous saving costs a training step. Usage: python benchmarks/checkpoint_timing.py [--smoke]
+Writes benchmarks/results/checkpoint_timing.json; prints a table last."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from common import machine_facts
+from jaxcomposer import Trainer
+from jaxcomposer.core.time import Timestamp
+from jaxcomposer.data import ArrayLoader
+from jaxcomposer.models import ResNetCIFAR
+from jaxcomposer.models.tasks import ComposerClassifier
+from jaxcomposer.optim import DecoupledSGDW
+from jaxcomposer.trainer.checkpoint import CheckpointStore
+from flax import nnx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def time_store(state, folder: Path) -> dict:
+    """save() returning (host copy done) / committed + checksummed / restore with verification."""
+    store = CheckpointStore(folder)
+    t0 = time.perf_counter()
+    store.save(1, state, Timestamp())
+    t_call = time.perf_counter() - t0
+    store.wait()  # async write + atomic commit + sha256 of every file
+    t_done = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    restored, _, _ = store.restore(1, state)
+    jax.block_until_ready(restored)
+    t_restore = time.perf_counter() - t0
+    store.close()
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return {"save_call_s": round(t_call, 3), "save_committed_s": round(t_done, 3),
+            "restore_verified_s": round(t_restore, 3), "bytes_on_disk": size}
+
+
+def quickstart_trainer(steps: int, save_folder=None, every: str = "20ba") -> Trainer:
+    rng = np.random.default_rng(0)
+    data = {"input": rng.standard_normal((128 * 8, 28, 28, 1), dtype=np.float32),
+            "target": rng.integers(0, 10, 128 * 8).astype(np.int32)}
+    task = ComposerClassifier(ResNetCIFAR(depth=8, width=16, num_classes=10, in_channels=1, stem_stride=2,
+                                          rngs=nnx.Rngs(0)))
+    return Trainer(model=task, train_dataloader=ArrayLoader(data, 128), max_duration=f"{steps}ba",
+                   optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), progress_bar=False, seed=0,
+                   save_folder=save_folder, save_interval=every, devices=jax.devices()[:1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ckpt-timing-"))
+    results = {}
+    try:
+        quick = quickstart_trainer(1)
+        results["quickstart_state"] = time_store(quick.state.train_state, tmp / "quick")
+        n = 1_000_000 if args.smoke else 100_000_000  # params; SGD momentum doubles the state
+        keys = jax.random.split(jax.random.PRNGKey(0), 20)  # random values: constants would compress to nothing
+        big = {"params": {f"w{i}": jax.random.normal(keys[i], (n // 10,)) for i in range(10)},
+               "momentum": {f"w{i}": jax.random.normal(keys[10 + i], (n // 10,)) for i in range(10)}}
+        results[f"{n // 1_000_000}M_params_plus_momentum"] = time_store(big, tmp / "big")
+        del big
+        steps = 40 if args.smoke else 200
+        timing = {}
+        for label, folder in (("no_saving", None), ("async_save_every_20ba", tmp / "train")):
+            t = quickstart_trainer(steps, folder)
+            t.fit()  # compile + warm
+            t.max_duration = type(t.max_duration)(2 * steps, "ba")
+            t0 = time.perf_counter()
+            t.fit()
+            jax.block_until_ready(t.state.train_state)
+            timing[label] = round((time.perf_counter() - t0) / steps * 1e3, 2)
+            t.close()
+        timing["overhead_per_step_pct"] = round(100 * (timing["async_save_every_20ba"] / timing["no_saving"] - 1), 1)
+        results["step_ms"] = timing
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
+        "checkpoint_timing.smoke.json" if args.smoke else "checkpoint_timing.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "checkpoint_timing", "smoke": args.smoke, "machine": machine_facts(),
+                               "results": results}, indent=1))
+    print(f"\n{'state':<30}{'save() s':>10}{'committed s':>13}{'restore s':>11}{'MB':>9}")
+    for k, v in results.items():
+        if k != "step_ms":
+            print(f"{k:<30}{v['save_call_s']:>10}{v['save_committed_s']:>13}{v['restore_verified_s']:>11}"
+                  f"{v['bytes_on_disk'] / 1e6:>9.1f}")
+    print(f"step ms: {results['step_ms']}")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
