@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torch_bridge.ops.elementwise as elementwise
-from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops, to_jnp_dtype, to_numpy
+from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
+from tests.torch_bridge.parity import check_parity, to_jax
 
 aten = torch.ops.aten
 
@@ -296,51 +297,6 @@ row(aten.masked_fill.Tensor, I(3, 4), B(3, 1), torch.tensor(7))
 # checking
 # ---------------------------------------------------------------------------------------------------------------
 
-def _to_jax(x):
-    return jnp.asarray(to_numpy(x)) if isinstance(x, torch.Tensor) else x
-
-
-def _run_jitted(fn, args, kwargs):
-    """Tensors become traced jit arguments; scalars, dtypes and lists stay static, as in a bridged graph."""
-    pos = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]
-    keys = [k for k, v in kwargs.items() if isinstance(v, jax.Array)]
-
-    def f(arrays, kw_arrays):
-        a = list(args)
-        for i, v in zip(pos, arrays):
-            a[i] = v
-        return fn(*a, **{**kwargs, **kw_arrays})
-
-    return jax.jit(f)([args[i] for i in pos], {k: kwargs[k] for k in keys})
-
-
-def assert_matches(got, expected, tol, where=""):
-    if isinstance(expected, (tuple, list)):
-        assert isinstance(got, (tuple, list)) and len(got) == len(expected), where
-        for i, (g, e) in enumerate(zip(got, expected)):
-            assert_matches(g, e, tol, f"{where}[{i}]")
-        return
-    want = to_numpy(expected)
-    got = np.asarray(got)
-    assert got.dtype == np.dtype(to_jnp_dtype(expected.dtype)), f"{where} dtype {got.dtype} vs torch {expected.dtype}"
-    assert got.shape == want.shape, f"{where} shape {got.shape} vs {want.shape}"
-    if np.issubdtype(want.dtype, np.floating) or want.dtype == jnp.bfloat16:
-        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=tol[0], rtol=tol[1],
-                                   equal_nan=True, err_msg=where)
-    else:
-        np.testing.assert_array_equal(got, want, err_msg=where)
-
-
-def check_parity(op, args, kwargs, tol):
-    expected = op(*args, **kwargs)
-    lowering = lookup(op)
-    assert lowering is not None, f"{op} is not lowered"
-    jargs = tuple(_to_jax(a) for a in args)
-    jkwargs = {k: _to_jax(v) for k, v in kwargs.items()}
-    assert_matches(lowering.fn(*jargs, **jkwargs), expected, tol, "eager")
-    assert_matches(_run_jitted(lowering.fn, jargs, jkwargs), expected, tol, "jit")
-
-
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)
 def test_parity(op, args, kwargs, tol):
     check_parity(op, args, kwargs, tol)
@@ -373,7 +329,7 @@ def check_grad(op, args, kwargs):
     leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     torch_grads = torch.autograd.grad((out * w).sum(), leaves)
     idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    jargs = [_to_jax(a) for a in args]
+    jargs = [to_jax(a) for a in args]
     fn = lookup(op).fn
 
     def loss(diff):

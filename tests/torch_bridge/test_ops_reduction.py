@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torch_bridge.ops.reduction as reduction
-from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops, to_jnp_dtype, to_numpy
+from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
+from tests.torch_bridge.parity import check_parity, to_jax
 
 aten = torch.ops.aten
 _g = torch.Generator().manual_seed(1)
@@ -183,52 +184,12 @@ row(aten.norm.ScalarOpt_dtype, F(3, 4), 3, dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# checking (kept in step with test_ops_elementwise.py)
+# checking (the harness is tests/torch_bridge/parity.py)
 # ---------------------------------------------------------------------------------------------------------------
-
-def _to_jax(x):
-    return jnp.asarray(to_numpy(x)) if isinstance(x, torch.Tensor) else x
-
-
-def _run_jitted(fn, args, kwargs):
-    pos = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]
-    keys = [k for k, v in kwargs.items() if isinstance(v, jax.Array)]
-
-    def f(arrays, kw_arrays):
-        a = list(args)
-        for i, v in zip(pos, arrays):
-            a[i] = v
-        return fn(*a, **{**kwargs, **kw_arrays})
-
-    return jax.jit(f)([args[i] for i in pos], {k: kwargs[k] for k in keys})
-
-
-def assert_matches(got, expected, tol, where=""):
-    if isinstance(expected, (tuple, list)):
-        assert isinstance(got, (tuple, list)) and len(got) == len(expected), where
-        for i, (g, e) in enumerate(zip(got, expected)):
-            assert_matches(g, e, tol, f"{where}[{i}]")
-        return
-    want = to_numpy(expected)
-    got = np.asarray(got)
-    assert got.dtype == np.dtype(to_jnp_dtype(expected.dtype)), f"{where} dtype {got.dtype} vs torch {expected.dtype}"
-    assert got.shape == want.shape, f"{where} shape {got.shape} vs {want.shape}"
-    if np.issubdtype(want.dtype, np.floating) or want.dtype == jnp.bfloat16:
-        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=tol[0], rtol=tol[1],
-                                   equal_nan=True, err_msg=where)
-    else:
-        np.testing.assert_array_equal(got, want, err_msg=where)
-
 
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)
 def test_parity(op, args, kwargs, tol):
-    expected = op(*args, **kwargs)
-    lowering = lookup(op)
-    assert lowering is not None, f"{op} is not lowered"
-    jargs = tuple(_to_jax(a) for a in args)
-    jkwargs = {k: _to_jax(v) for k, v in kwargs.items()}
-    assert_matches(lowering.fn(*jargs, **jkwargs), expected, tol, "eager")
-    assert_matches(_run_jitted(lowering.fn, jargs, jkwargs), expected, tol, "jit")
+    check_parity(op, args, kwargs, tol)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -263,14 +224,14 @@ def test_grad_parity(op, args):
     w = torch.rand(out.shape, generator=_g)
     (torch_grad,) = torch.autograd.grad((out * w).sum(), [args[0]])
     fn = lookup(op).fn
-    rest = [_to_jax(a) for a in args[1:]]
+    rest = [to_jax(a) for a in args[1:]]
 
     def loss(x):
         y = fn(x, *rest)
         y = y[0] if isinstance(y, tuple) else y
         return jnp.sum(y * jnp.asarray(w.numpy()))
 
-    got = jax.jit(jax.grad(loss))(_to_jax(args[0].detach()))
+    got = jax.jit(jax.grad(loss))(to_jax(args[0].detach()))
     np.testing.assert_allclose(np.asarray(got), torch_grad.numpy(), atol=1e-5, rtol=1e-5)
 
 
