@@ -1,6 +1,6 @@
 """jaxcomposer: MosaicML Composer's speedup methods as composable pure transforms in JAX."""
 from jaxcomposer.core.events import Callback, Event, RunState
-from jaxcomposer.core.method import Method, PostStep, StepCtx, compose
+from jaxcomposer.core.method import Method, PostStep, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import PureModel, Task, from_nnx
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp
@@ -11,7 +11,7 @@ from jaxcomposer.trainer.trainer import ConfigurationError, Trainer
 from jaxcomposer import algorithms, callbacks, functional, loggers, optim  # noqa: E402
 
 __all__ = ["Callback", "ComposerCausalLM", "ComposerClassifier", "Config", "ConfigError", "ConfigurationError",
-           "Event", "FitResult", "Method", "PostStep", "PureModel", "RunState", "StepCtx", "Task", "Time", "TimeUnit",
+           "Event", "FitResult", "Method", "PostStep", "PureModel", "RunInfo", "RunState", "StepCtx", "Task", "Time", "TimeUnit",
            "Timestamp", "Trainer", "TrainState", "algorithms", "callbacks", "compose", "fit", "from_nnx",
            "functional", "load_config", "loggers", "optim"]
 __version__ = "0.1.0"

@@ -122,6 +122,6 @@ def GradientClipping(clipping_type: str, clipping_threshold: float, *, eps: floa
                      unit_axis: int = -1) -> Method:
     """Composer's ``GradientClipping(clipping_type, clipping_threshold)`` as a :class:`Method` (``tx`` slot)."""
     clip = clip_gradients(clipping_type, clipping_threshold, eps=eps, unit_axis=unit_axis)
-    return Method(name="GradientClipping", tx=lambda tx: optax.chain(clip, tx),
+    return Method(name="GradientClipping", tx=lambda tx, info: optax.chain(clip, tx),
                   description=f"GradientClipping(clipping_type={clipping_type!r}, "
                               f"clipping_threshold={clipping_threshold})")

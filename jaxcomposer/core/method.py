@@ -9,17 +9,23 @@ slot      signature                                      examples
 model     task -> task (host, once, before ``tx.init``)  BlurPool, SqueezeExcite
 batch     (batch, ctx) -> batch (in jit)                 MixUp, CutOut
 loss      loss_fn -> loss_fn (trace time)                LabelSmoothing, MixUp target interpolation
-grad      grad_fn -> grad_fn (trace time)                SAM, SelectiveBackprop
-tx        optax tx -> optax tx (trace time)              GradientClipping
+grad      (grad_fn, ctx) -> grad_fn (trace time)         SAM, SelectiveBackprop
+tx        (optax tx, info) -> optax tx (trace time)      GradientClipping, LayerFreezing
+schedule  (alpha, info) -> alpha (trace time)            SWA's learning-rate annealing
 post_step ``PostStep(init, update)`` on extra state      EMA, SWA
 eval      (extra, params, state) -> (params, state)      EMA: evaluate with the averaged weights
 stage     (step, total_steps) -> hashable (host)         static shapes: one compile per stage
 host      (event, run_state) -> None (host)              anything that must touch Python between steps
+data      (batch, rng) -> batch (host, numpy)            RandAugment, AugMix: per-example ops before the device
 ======== ============================================== ====================================================
 
 ``loss_fn(outputs, batch) -> (B,)`` per-example losses. ``grad_fn(params, model_state, batch, key) ->
-((mean_loss, new_model_state), grads)``; grad wrappers see the whole (accumulated) batch. Wrappers nest so the first-listed method is outermost, which gives
-Composer's first-in-last-out order (``BEFORE_LOSS`` A,B then ``AFTER_LOSS`` B,A) for free.
+((mean_loss, new_model_state), grads)``; grad wrappers see the whole (accumulated) batch and the step's ``StepCtx``
+(built inside the jitted step, so a wrapper may branch on the static ``ctx.stage``). ``alpha(step) -> multiplier``
+is the learning-rate schedule; ``info`` (:class:`RunInfo`) tells ``tx`` and ``schedule`` wrappers the run's
+length. Wrappers nest so the first-listed method is outermost, which gives Composer's first-in-last-out order
+(``BEFORE_LOSS`` A,B then ``AFTER_LOSS`` B,A) for free. Every in-jit slot sees its own method's ``ctx.key`` and
+``ctx.stage`` (the value its ``stage`` slot returned for this step), never another method's.
 """
 from __future__ import annotations
 
@@ -46,6 +52,14 @@ class StepCtx(NamedTuple):
     steps_per_epoch: int | None = None
 
 
+class RunInfo(NamedTuple):
+    """Static facts about the run, for ``tx`` and ``schedule`` wrappers (known before the first step)."""
+
+    total_steps: int = 1
+    steps_per_epoch: int | None = None
+    base_lr: float | None = None
+
+
 class PostStep(NamedTuple):
     """Extra state kept beside the params (EMA weights, SWA averages, ...).
 
@@ -69,12 +83,14 @@ class Method:
     model: Callable[[Any], Any] | None = None
     batch: Callable[[dict, StepCtx], dict] | None = None
     loss: Callable[[Callable], Callable] | None = None
-    grad: Callable[[Callable], Callable] | None = None
-    tx: Callable[[optax.GradientTransformation], optax.GradientTransformation] | None = None
+    grad: Callable[[Callable, StepCtx], Callable] | None = None
+    tx: Callable[[optax.GradientTransformation, RunInfo], optax.GradientTransformation] | None = None
+    schedule: Callable[[Callable, RunInfo], Callable] | None = None
     post_step: PostStep | None = None
     eval: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
     stage: Callable[[int, int], Hashable] | None = None
     host: Callable[[Any, Any], None] | None = None
+    data: Callable[[dict, Any], dict] | None = None
     interpolates_targets: bool = False
     description: str = ""
 
@@ -112,11 +128,32 @@ class Composed:
                 task = m.model(task)
         return task
 
+    @staticmethod
+    def _ctx_for(m: Method, ctx: StepCtx, base_key: jax.Array) -> StepCtx:
+        """``ctx`` as method ``m`` sees it: its own key and its own stage (``ctx.stage`` holds all of them)."""
+        stage = dict(ctx.stage).get(m.name) if isinstance(ctx.stage, tuple) else None
+        return ctx._replace(key=method_key(base_key, ctx.step, m.name), stage=stage)
+
     def apply_batch(self, batch: dict, ctx: StepCtx, base_key: jax.Array) -> dict:
         for m in self.methods:
             if m.batch is not None:
-                batch = m.batch(batch, ctx._replace(key=method_key(base_key, ctx.step, m.name)))
+                batch = m.batch(batch, self._ctx_for(m, ctx, base_key))
         return batch
+
+    def apply_data(self, batch: dict, seed_parts: tuple[int, ...]) -> dict:
+        """Host-side data-pipeline methods, in list order; each draws from its own generator seeded by
+        ``seed_parts`` (run seed, epoch, batch in epoch) and its name, so a resumed run augments identically."""
+        import numpy as np
+
+        for m in self.methods:
+            if m.data is not None:
+                seq = np.random.SeedSequence([*(int(p) for p in seed_parts), _name_hash(m.name)])
+                batch = m.data(batch, np.random.default_rng(seq))
+        return batch
+
+    @property
+    def has_data(self) -> bool:
+        return any(m.data is not None for m in self.methods)
 
     def wrap_loss(self, loss_fn: Callable) -> Callable:
         for m in reversed(self.methods):
@@ -124,17 +161,23 @@ class Composed:
                 loss_fn = m.loss(loss_fn)
         return loss_fn
 
-    def wrap_grad(self, grad_fn: Callable) -> Callable:
+    def wrap_grad(self, grad_fn: Callable, ctx: StepCtx, base_key: jax.Array) -> Callable:
         for m in reversed(self.methods):
             if m.grad is not None:
-                grad_fn = m.grad(grad_fn)
+                grad_fn = m.grad(grad_fn, self._ctx_for(m, ctx, base_key))
         return grad_fn
 
-    def wrap_tx(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    def wrap_tx(self, tx: optax.GradientTransformation, info: RunInfo = RunInfo()) -> optax.GradientTransformation:
         for m in reversed(self.methods):
             if m.tx is not None:
-                tx = m.tx(tx)
+                tx = m.tx(tx, info)
         return tx
+
+    def wrap_schedule(self, alpha: Callable, info: RunInfo = RunInfo()) -> Callable:
+        for m in reversed(self.methods):
+            if m.schedule is not None:
+                alpha = m.schedule(alpha, info)
+        return alpha
 
     def init_extras(self, params, model_state) -> dict:
         return {m.name: m.post_step.init(params, model_state) for m in self.methods if m.post_step is not None}
@@ -143,8 +186,7 @@ class Composed:
         new = dict(extras)
         for m in self.methods:
             if m.post_step is not None:
-                mctx = ctx._replace(key=method_key(base_key, ctx.step, m.name))
-                new[m.name] = m.post_step.update(extras[m.name], params, model_state, mctx)
+                new[m.name] = m.post_step.update(extras[m.name], params, model_state, self._ctx_for(m, ctx, base_key))
         return new
 
     def eval_weights(self, extras: dict, params, model_state):

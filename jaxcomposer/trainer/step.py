@@ -92,14 +92,14 @@ def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, 
     """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``)."""
     data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
     grad_fn = make_grad_fn(task, composed.wrap_loss(task.loss), precision)
-    grad_fn = composed.wrap_grad(accumulate_gradients(grad_fn, num_microbatches, data_sharding))
+    grad_fn = accumulate_gradients(grad_fn, num_microbatches, data_sharding)
 
     def train_step(state: TrainState, batch: dict, stage=None):
         step_key = jax.random.fold_in(state.key, state.step)
         ctx = StepCtx(step=state.step, progress=state.step.astype(jnp.float32) / max(total_steps, 1),
                       key=step_key, stage=stage, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
         batch = composed.apply_batch(dict(batch), ctx, state.key)
-        (loss, model_state), grads = grad_fn(state.params, state.model_state, batch,
+        (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx, state.key)(state.params, state.model_state, batch,
                                              jax.random.fold_in(step_key, _FORWARD_KEY))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

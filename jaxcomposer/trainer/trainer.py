@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.events import Callback, Event, RunState
-from jaxcomposer.core.method import compose
+from jaxcomposer.core.method import RunInfo, compose
 from jaxcomposer.core.model import Task, is_torch_module
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
@@ -139,10 +139,12 @@ class Trainer:
         base = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         self.base_lr = getattr(base, "lr", None)
         self.total_steps = self._total_steps()
-        alpha = compose_schedules(schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch,
-                                  ssr=scale_schedule_ratio)
+        info = RunInfo(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch, base_lr=self.base_lr)
+        alpha = self.composed.wrap_schedule(compose_schedules(
+            schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch, ssr=scale_schedule_ratio),
+            info)
         self.lr_multiplier = jax.jit(alpha)  # jitted: LRMonitor may ask every batch
-        self.tx = self.composed.wrap_tx(optax.chain(base, optax.scale_by_schedule(alpha)))
+        self.tx = self.composed.wrap_tx(optax.chain(base, optax.scale_by_schedule(alpha)), info)
 
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
@@ -190,7 +192,8 @@ class Trainer:
             self._seek_train_data()
             self._fire(Event.EPOCH_START)
             seen = 0
-            for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True):
+            for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True,
+                                              position=(st.timestamp.epoch, st.timestamp.batch_in_epoch)):
                 self._fire(Event.BATCH_START)
                 stage = self.composed.stage(int(st.timestamp.batch), self.total_steps)
                 n, seen = _batch_size(batch), seen + 1
@@ -398,16 +401,22 @@ class Trainer:
             self._train_steps[n] = steps.jit_train_step(fn, self.mesh)
         return self._train_steps[n]
 
-    def _device_batches(self, loader: Iterable, subset: int, check: bool):
+    def _device_batches(self, loader: Iterable, subset: int, check: bool, position: tuple[int, int] | None = None):
+        """Batches on device, prefetched. ``position`` (epoch, first batch in epoch) marks a training pass: there
+        the host-side data methods (RandAugment, ...) run, seeded by (seed, epoch, batch) so resume is exact."""
         sharding = NamedSharding(self.mesh, P("data"))
+        augment = position is not None and self.composed.has_data
+        start = 0 if position is None else position[1]  # a resumed epoch starts mid-way: count from there
 
         def host_batches():
-            for i, raw in enumerate(loader):
+            for i, raw in enumerate(loader, start):
                 if subset >= 0 and i >= subset:
                     return
                 batch = as_batch(raw)
                 if check:
                     self._check_train_batch(batch)
+                if augment:
+                    batch = self.composed.apply_data(batch, (self.seed, position[0], i))
                 yield batch
 
         return prefetch_to_device(host_batches(), size=2, sharding=sharding)

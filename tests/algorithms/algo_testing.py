@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomposer import algorithms
-from jaxcomposer.core.method import Composed, StepCtx
+from jaxcomposer.core.method import Composed, RunInfo, StepCtx
 from jaxcomposer.core.model import soft_cross_entropy
 
 NUM_CLASSES = 5
@@ -37,42 +37,62 @@ def make_ctx(step, key=None, *, total_steps: int = 10, steps_per_epoch: int | No
 
 
 def make_batch(key, batch_size: int = 4) -> dict:
+    """Image-like NHWC inputs in [0, 1) and integer labels."""
     kx, ky = jax.random.split(key)
-    return {"input": jax.random.normal(kx, (batch_size,) + IMAGE_SHAPE),
+    return {"input": jax.random.uniform(kx, (batch_size,) + IMAGE_SHAPE),
             "target": jax.random.randint(ky, (batch_size,), 0, NUM_CLASSES)}
 
 
 def init_model(key):
-    """A linear classifier with a BatchNorm-like running mean and an integer counter as model state."""
-    d = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+    """A linear classifier on globally pooled features (so any image size works: ProgressiveResizing) with a
+    BatchNorm-like running mean and an integer counter as model state."""
+    d = IMAGE_SHAPE[-1] * 4
     params = {"dense": {"kernel": 0.1 * jax.random.normal(key, (d, NUM_CLASSES)),
                         "bias": jnp.zeros((NUM_CLASSES,))}}
     state = {"mean": jnp.zeros((NUM_CLASSES,)), "count": jnp.zeros((), jnp.int32)}
     return params, state
 
 
+def _features(x):
+    # mean and max over space per channel, first and second half of rows: (B, 4C), independent of H and W
+    half = max(x.shape[1] // 2, 1)
+    parts = [x[:, :half].mean((1, 2)), x[:, half:].mean((1, 2)) if x.shape[1] > 1 else x.mean((1, 2)),
+             x.max((1, 2)), x.min((1, 2))]
+    return jnp.concatenate(parts, axis=-1)
+
+
 def apply_model(params, state, x):
-    logits = x.reshape(x.shape[0], -1) @ params["dense"]["kernel"] + params["dense"]["bias"][None, :]
+    logits = _features(x) @ params["dense"]["kernel"] + params["dense"]["bias"][None, :]
     new_state = {"mean": 0.9 * state["mean"] + 0.1 * logits.mean(0), "count": state["count"] + 1}
     return logits, new_state
 
 
 def dummy_step(composed: Composed, tx: optax.GradientTransformation, carry: dict, batch: dict, step,
-               base_key, *, total_steps: int = 10) -> tuple[dict, jax.Array]:
-    """One pure train step through every slot: batch, loss, tx, post_step. ``carry`` = params/state/opt/extras."""
-    ctx = make_ctx(step, total_steps=total_steps)
+               base_key, *, total_steps: int = 10, stage=None) -> tuple[dict, jax.Array]:
+    """One pure train step through every in-jit slot: batch, loss, grad, tx, post_step (the trainer's order).
+    ``carry`` = params/state/opt/extras; ``stage`` is ``composed.stage(step, total_steps)``, static."""
+    ctx = make_ctx(step, total_steps=total_steps)._replace(stage=stage)
     batch = composed.apply_batch(batch, ctx, base_key)
     loss_fn = composed.wrap_loss(lambda outputs, b: soft_cross_entropy(outputs, b["target"]))
 
-    def objective(params):
-        outputs, new_state = apply_model(params, carry["state"], batch["input"])
-        return loss_fn(outputs, batch).mean(), new_state
+    def objective(params, state, b, key):
+        del key
+        outputs, new_state = apply_model(params, state, b["input"])
+        return loss_fn(outputs, b).mean(), new_state
 
-    (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(carry["params"])
+    grad_fn = composed.wrap_grad(jax.value_and_grad(objective, has_aux=True), ctx, base_key)
+    (loss, new_state), grads = grad_fn(carry["params"], carry["state"], batch, jax.random.fold_in(base_key, step))
     updates, opt = tx.update(grads, carry["opt"], carry["params"])
     params = optax.apply_updates(carry["params"], updates)
     extras = composed.update_extras(carry["extras"], params, new_state, ctx, base_key)
     return {"params": params, "state": new_state, "opt": opt, "extras": extras}, loss
+
+
+def make_tx(composed: Composed, total_steps: int = 10, lr: float = 0.1) -> optax.GradientTransformation:
+    """SGD with a constant schedule, through the ``schedule`` and ``tx`` slots as the Trainer builds it."""
+    info = RunInfo(total_steps=total_steps, steps_per_epoch=None, base_lr=lr)
+    alpha = composed.wrap_schedule(lambda step: jnp.ones((), jnp.float32), info)
+    return composed.wrap_tx(optax.chain(optax.sgd(lr), optax.scale_by_schedule(alpha)), info)
 
 
 def init_carry(composed: Composed, tx: optax.GradientTransformation, key) -> dict:
@@ -93,10 +113,15 @@ def check_composes_with(name: str, other: str, key) -> None:
             compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[name]()])
         return
     composed = compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[other]()])
-    tx = composed.wrap_tx(optax.sgd(0.1))
+    total = 4
+    tx = make_tx(composed, total)
     carry = init_carry(composed, tx, key)
-    step = jax.jit(lambda c, b, s: dummy_step(composed, tx, c, b, s, key))
-    for s in range(2):
-        carry, loss = step(carry, make_batch(jax.random.fold_in(key, s)), s)
+    step = jax.jit(lambda c, b, s, stage: dummy_step(composed, tx, c, b, s, key, total_steps=total, stage=stage),
+                   static_argnums=3)
+    for s in range(total):  # long enough for staged methods (resizing, sequence warmup) to change stage
+        batch = make_batch(jax.random.fold_in(key, s), batch_size=8)
+        if composed.has_data:  # host-side data methods work on numpy, before the device
+            batch = composed.apply_data({k: np.asarray(v) for k, v in batch.items()}, (0, 0, s))
+        carry, loss = step(carry, batch, s, composed.stage(s, total))
         assert np.isfinite(loss), (name, other, s)
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(carry)), (name, other)

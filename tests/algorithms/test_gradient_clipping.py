@@ -5,6 +5,7 @@ import optax
 import pytest
 import torch
 
+from jaxcomposer.core.method import RunInfo
 from jaxcomposer.algorithms import GradientClipping, apply_gradient_clipping
 from jaxcomposer.algorithms.gradient_clipping import unitwise_norm
 from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
@@ -121,7 +122,7 @@ def test_errors(key):
             GradientClipping("norm", bad)
     with pytest.raises(ValueError, match="params"):
         apply_gradient_clipping(_tree(key), "adaptive", 0.1)
-    tx = GradientClipping("adaptive", 0.1).tx(optax.sgd(0.1))
+    tx = GradientClipping("adaptive", 0.1).tx(optax.sgd(0.1), RunInfo())
     p = _tree(key)
     with pytest.raises(ValueError, match="params"):
         tx.update(p, tx.init(p))
@@ -130,7 +131,7 @@ def test_errors(key):
 def test_tx_slot_clips_before_the_optimizer(key):
     g, p = _tree(key, scale=5.0), _tree(jax.random.fold_in(key, 1))
     for kind in ("norm", "value", "adaptive"):
-        tx = GradientClipping(kind, 0.3).tx(optax.sgd(1.0))
+        tx = GradientClipping(kind, 0.3).tx(optax.sgd(1.0), RunInfo())
         updates, _ = tx.update(g, tx.init(p), p)
         expected = jax.tree_util.tree_map(jnp.negative, apply_gradient_clipping(g, kind, 0.3, params=p))
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, expected)
@@ -140,7 +141,7 @@ def test_tx_slot_clips_before_the_optimizer(key):
 
 @pytest.mark.parametrize("kind", ["norm", "value", "adaptive"])
 def test_jit_equals_eager_and_no_retrace(kind, key):
-    tx = GradientClipping(kind, 0.2).tx(optax.adam(1e-2))
+    tx = GradientClipping(kind, 0.2).tx(optax.adam(1e-2), RunInfo())
     p = _tree(key)
     traces = []
 
