@@ -21,9 +21,10 @@ from jaxcomposer import algorithms as algorithms_lib
 from jaxcomposer import callbacks as callbacks_lib
 from jaxcomposer import optim
 from jaxcomposer.core.time import Time
+from jaxcomposer.errors import JaxComposerError
 
 
-class ConfigError(ValueError):
+class ConfigError(JaxComposerError, ValueError):
     """Every problem found in a config, one per line: ``dotted.path: message``."""
 
     def __init__(self, problems: list[tuple[str, str]]):
@@ -116,8 +117,12 @@ class Config(pydantic.BaseModel):
     save_folder: str | None = None
     save_interval: TimeField = "1ep"
     save_num_checkpoints_to_keep: int = -1
+    save_overwrite: bool = False
+    save_weights_only: bool = False
     autoresume: bool = False
     load_path: str | None = None
+    load_weights_only: bool = False
+    load_ignore_keys: list[str] = []
     model: dict[str, Any] = {"name": "resnet_cifar"}
     data: DataConfig = DataConfig()
     optimizer: dict[str, Any] = {"name": "decoupled_sgdw", "lr": 0.1}

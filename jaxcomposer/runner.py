@@ -94,7 +94,9 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                       log_to_console=cfg.log_to_console, train_subset_num_batches=cfg.train_subset_num_batches,
                       eval_subset_num_batches=cfg.eval_subset_num_batches, save_folder=cfg.save_folder,
                       save_interval=cfg.save_interval, save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-                      autoresume=cfg.autoresume, load_path=cfg.load_path)
+                      save_overwrite=cfg.save_overwrite, save_weights_only=cfg.save_weights_only,
+                      autoresume=cfg.autoresume, load_path=cfg.load_path, load_weights_only=cfg.load_weights_only,
+                      load_ignore_keys=cfg.load_ignore_keys)
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
     start = time.perf_counter()

@@ -2,22 +2,38 @@
 
 One file per method holds its functional form, its factory and its method card (the module docstring).
 """
+from jaxcomposer.algorithms.augmix import AugMix, augmix_image
 from jaxcomposer.algorithms.blurpool import BlurPool, apply_blurpool
+from jaxcomposer.algorithms.colout import ColOut, colout_batch
+from jaxcomposer.algorithms.cutmix import CutMix, cutmix_batch
 from jaxcomposer.algorithms.cutout import CutOut, cutout_batch
 from jaxcomposer.algorithms.ema import EMA, compute_ema
 from jaxcomposer.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
 from jaxcomposer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
+from jaxcomposer.algorithms.layer_freezing import LayerFreezing, freeze_layers
 from jaxcomposer.algorithms.mixup import MixUp, mixup_batch
+from jaxcomposer.algorithms.randaugment import RandAugment, randaugment_image
+from jaxcomposer.algorithms.sam import SAM, apply_sam
+from jaxcomposer.algorithms.selective_backprop import SelectiveBackprop, select_using_loss, should_selective_backprop
+from jaxcomposer.algorithms.swa import SWA
 
 # Composer's registry spellings (``composer/algorithms/algorithm_registry.py``) -> factory name in this package;
 # the config loader resolves YAML ``algorithms:`` entries through it.
 REGISTRY: dict[str, str] = {
+    "augmix": "AugMix",
     "blurpool": "BlurPool",
+    "colout": "ColOut",
+    "cutmix": "CutMix",
     "cutout": "CutOut",
     "ema": "EMA",
     "gradient_clipping": "GradientClipping",
     "label_smoothing": "LabelSmoothing",
+    "layer_freezing": "LayerFreezing",
     "mixup": "MixUp",
+    "randaugment": "RandAugment",
+    "sam": "SAM",
+    "selective_backprop": "SelectiveBackprop",
+    "swa": "SWA",
 }
 
 
@@ -39,6 +55,10 @@ def describe_methods() -> list[tuple[str, str]]:
 
 __all__ = [
     "REGISTRY", "describe_methods",
-    "BlurPool", "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
-    "apply_blurpool", "apply_gradient_clipping", "compute_ema", "cutout_batch", "mixup_batch", "smooth_labels",
+    "AugMix", "RandAugment", "augmix_image", "randaugment_image",
+    "BlurPool", "ColOut", "CutMix", "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
+    "apply_blurpool", "apply_gradient_clipping", "colout_batch", "compute_ema", "cutmix_batch", "cutout_batch",
+    "mixup_batch", "smooth_labels",
+    "SAM", "SelectiveBackprop", "apply_sam", "select_using_loss", "should_selective_backprop",
+    "LayerFreezing", "SWA", "freeze_layers",
 ]

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from jaxcomposer.core.events import Callback
+from jaxcomposer.errors import JaxComposerError
 from jaxcomposer.loggers.logger import is_ready
 
 __all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError"]
@@ -81,7 +82,7 @@ class LRMonitor(Callback):
         logger.log_metrics({"lr": float(lr)})
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(JaxComposerError, RuntimeError):
     """The training loss became NaN or infinite."""
 
 

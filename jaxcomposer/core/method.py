@@ -35,13 +35,18 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 import jax
 import optax
 
+from jaxcomposer.errors import JaxComposerError
+
 
 class StepCtx(NamedTuple):
     """What in-jit slots know about the current step.
 
     ``step`` and ``progress`` are traced scalars (number of optimizer steps taken before this one, and that number
     over ``total_steps``); ``key`` is this method's own key for this step; ``stage``, ``total_steps`` and
-    ``steps_per_epoch`` are static Python values.
+    ``steps_per_epoch`` are static Python values. ``per_example_loss(params, model_state, batch, key, *,
+    train=True) -> (losses (B,), new_model_state)`` is the run's forward (at its precision) followed by the
+    composed loss, for wrappers that must score examples without a gradient (SelectiveBackprop); ``grad_fn``
+    alone cannot give per-example values. None outside a train step.
     """
 
     step: jax.Array
@@ -50,6 +55,7 @@ class StepCtx(NamedTuple):
     stage: Hashable = None
     total_steps: int = 1
     steps_per_epoch: int | None = None
+    per_example_loss: Callable | None = None
 
 
 class RunInfo(NamedTuple):
@@ -95,7 +101,7 @@ class Method:
     description: str = ""
 
 
-class MethodConflictError(ValueError):
+class MethodConflictError(JaxComposerError, ValueError):
     pass
 
 

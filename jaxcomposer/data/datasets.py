@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxcomposer.errors import JaxComposerError
+
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL_HINT = (
     "install it with `apt-get install -y dataset-fashion-mnist` (Debian/Ubuntu), or pass data_dir= pointing at "
@@ -40,7 +42,7 @@ DIGITS_MEAN = 0.3053087
 DIGITS_STD = 0.3758859
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(JaxComposerError, FileNotFoundError):
     """A dataset's files are not on this machine; the message says where we looked and how to install them."""
 
 

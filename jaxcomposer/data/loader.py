@@ -16,6 +16,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from jaxcomposer.errors import DataError
+
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.random.Generator], Batch]
 
@@ -32,7 +34,7 @@ def _derive_seed(*entropy: int) -> int:
 def _first_dim(array: Any) -> int:
     shape = getattr(array, "shape", None)
     if not shape:
-        raise ValueError(f"every array needs a leading example dimension; got shape {shape!r}")
+        raise DataError(f"every array needs a leading example dimension; got shape {shape!r}")
     return int(shape[0])
 
 
@@ -54,7 +56,7 @@ class IndexedLoader:
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
                  transform: Transform | None):
         if drop_last and batch_size > num_samples:
-            raise ValueError(
+            raise DataError(
                 f"batch_size={batch_size} is larger than the dataset size {num_samples} and drop_last=True, so an "
                 f"epoch would have no batches; use a batch_size <= {num_samples} or drop_last=False"
             )
@@ -85,7 +87,7 @@ class IndexedLoader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the permutation of the next ``__iter__``; restarts at batch 0 unless ``epoch`` is current."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+            raise DataError(f"epoch must be an int >= 0, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._batch_index = int(epoch), 0
 
@@ -108,13 +110,13 @@ class IndexedLoader:
         """
         missing = {"epoch", "batch_index"} - set(state)
         if missing:
-            raise ValueError(f"loader state is missing {sorted(missing)}; got keys {sorted(state)}")
+            raise DataError(f"loader state is missing {sorted(missing)}; got keys {sorted(state)}")
         for key, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("num_samples", self._n)):
             if key in state and int(state[key]) != mine:
-                raise ValueError(f"loader state was saved with {key}={state[key]} but this loader has {key}={mine}")
+                raise DataError(f"loader state was saved with {key}={state[key]} but this loader has {key}={mine}")
         epoch, index = int(state["epoch"]), int(state["batch_index"])
         if epoch < 0 or not 0 <= index <= len(self):
-            raise ValueError(f"invalid loader position epoch={epoch}, batch_index={index} (epoch has {len(self)})")
+            raise DataError(f"invalid loader position epoch={epoch}, batch_index={index} (epoch has {len(self)})")
         self._epoch, self._batch_index = (epoch + 1, 0) if index == len(self) else (epoch, index)
 
     # -- iteration --------------------------------------------------------------------------------------------
@@ -172,21 +174,21 @@ class ArrayLoader(IndexedLoader):
         worker_count: int = 0,
     ):
         if not isinstance(arrays, Mapping) or not arrays:
-            raise ValueError("ArrayLoader needs a non-empty mapping of name -> array")
+            raise DataError("ArrayLoader needs a non-empty mapping of name -> array")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
         if worker_count < 0:
-            raise ValueError(f"worker_count must be >= 0, got {worker_count}")
+            raise DataError(f"worker_count must be >= 0, got {worker_count}")
         if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+            raise DataError(f"seed must be >= 0, got {seed}")
         self._arrays = {k: (v if hasattr(v, "shape") else np.asarray(v)) for k, v in arrays.items()}
         sizes = {k: _first_dim(v) for k, v in self._arrays.items()}
         if len(set(sizes.values())) > 1:
             listing = ", ".join(f"{k!r}: {n}" for k, n in sizes.items())
-            raise ValueError(f"all arrays must have the same first dimension; got {listing}")
+            raise DataError(f"all arrays must have the same first dimension; got {listing}")
         n = next(iter(sizes.values()))
         if n == 0:
-            raise ValueError(f"dataset is empty (arrays {sorted(sizes)} have 0 examples)")
+            raise DataError(f"dataset is empty (arrays {sorted(sizes)} have 0 examples)")
         super().__init__(n, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, transform=transform)
         self.worker_count = int(worker_count)
 

@@ -1,27 +1,46 @@
-"""Saving and restoring a run: the whole ``TrainState`` pytree (orbax) plus the host-side timestamp (JSON).
+"""Saving and restoring a run: the ``TrainState`` pytree (orbax) plus the host-side timestamp (JSON).
 
-The data position needs no file of its own: it is a function of the timestamp (epoch, batch in epoch), because
+A checkpoint directory holds three items: ``weights`` (params and model state), ``train`` (step, optimizer state,
+method extras such as EMA, RNG key; absent when saved with ``weights_only``) and the ``meta`` JSON (timestamp,
+run name, recipe), plus ``checksums.json``. Splitting weights from the rest is what makes ``load_weights_only``
+(fine-tuning with another optimizer) a plain restore of one item.
+
+The data position needs no item of its own: it is a function of the timestamp (epoch, batch in epoch), because
 loaders are deterministic per (seed, epoch) and resume by position. That is what makes a resumed run draw the same
 batches and the same random keys (``fold_in(key, step)``) as an uninterrupted one.
+
+Restoring reads each item's saved shapes from its metadata, restores them as they were saved (replicated over the
+target's mesh, so a checkpoint written on 8 devices loads on 1), and then matches leaves to the target by dotted
+path (``params.head.kernel``). A mismatch names every differing path and both shapes instead of orbax's tree
+diff, and ``ignore_keys`` (globs on those paths) keeps chosen leaves as freshly initialised.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
+import os
+import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import orbax.checkpoint as ocp
 
+from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
+from jaxcomposer.errors import JaxComposerError
 
-STATE_DIR = "state"
-META_FILE = "meta.json"
+WEIGHTS, TRAIN, META = "weights", "train", "meta"
+WEIGHT_FIELDS = ("params", "model_state")
+TRAIN_FIELDS = ("step", "opt_state", "extras", "key")
+META_FILE = "meta.json"  # single-directory checkpoints; CheckpointManager steps keep it as ``meta/metadata``
+CHECKSUMS = "checksums.json"
+_TMP = ".orbax-checkpoint-tmp"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(JaxComposerError, ValueError):
     pass
 
 
@@ -29,9 +48,7 @@ class CorruptCheckpointError(CheckpointError):
     """A saved file no longer matches the checksum written when its step was committed (bit rot, truncation)."""
 
 
-CHECKSUMS = "checksums.json"
-
-
+# ---- integrity -------------------------------------------------------------------------------------------------
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -40,16 +57,22 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+# orbax rewrites these at the step root while committing, after our checksums are written; they hold save times,
+# not training state (each item keeps its own metadata files, which are checksummed)
+_STEP_BOOKKEEPING = {CHECKSUMS, CHECKSUMS + ".tmp", "_CHECKPOINT_METADATA", "commit_success.txt"}
+
+
 def write_checksums(step_dir: Path) -> None:
-    """sha256 of every file of a committed step (orbax promises atomic commits, not bit integrity)."""
-    files = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    """sha256 of every file of a step (orbax promises atomic commits, not bit integrity)."""
+    files = sorted(p for p in step_dir.rglob("*")
+                   if p.is_file() and not (p.parent == step_dir and p.name in _STEP_BOOKKEEPING))
     table = {str(p.relative_to(step_dir)): _digest(p) for p in files}
     tmp = step_dir / (CHECKSUMS + ".tmp")
     tmp.write_text(json.dumps(table, indent=0))
     tmp.replace(step_dir / CHECKSUMS)  # atomic: a step has a complete table or none
 
 
-def verify_checksums(step_dir: Path, step: int) -> None:
+def verify_checksums(step_dir: Path, step: int | str) -> None:
     table_path = step_dir / CHECKSUMS
     if not table_path.is_file():
         raise CorruptCheckpointError(f"checkpoint step {step} ({step_dir}) has no {CHECKSUMS}: its save never "
@@ -61,36 +84,150 @@ def verify_checksums(step_dir: Path, step: int) -> None:
                                          "its checksum (corrupt or truncated)")
 
 
-def save_checkpoint(path: str | Path, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> Path:
-    """Write ``path/state`` (orbax, atomic: a torn save is never visible as complete) and ``path/meta.json``."""
-    path = Path(path).absolute()  # orbax requires absolute paths (it fails late, in a background thread, otherwise)
-    if (path / META_FILE).exists():
-        raise CheckpointError(f"save_checkpoint: {path} already holds a checkpoint; choose a new path "
-                              "(nothing saved is ever overwritten)")
-    path.mkdir(parents=True, exist_ok=True)
+# ---- the pytree <-> items split ---------------------------------------------------------------------------------
+def split_state(state: TrainState, weights_only: bool = False) -> dict[str, dict]:
+    items = {WEIGHTS: {f: getattr(state, f) for f in WEIGHT_FIELDS}}
+    if not weights_only:
+        items[TRAIN] = {f: getattr(state, f) for f in TRAIN_FIELDS}
+    return items
+
+
+def _path_name(path) -> str:
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    if len(parts) > 1 and parts[-1] == "value":  # an NNX Variable's payload: params.head.kernel, not ...kernel.value
+        parts.pop()
+    return ".".join(parts)
+
+
+def flat_paths(tree) -> dict[str, Any]:
+    """``{dotted path: leaf}``; the names ``load_ignore_keys`` globs match (``params.head.kernel``, ``opt_state.*``)."""
+    return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _describe_leaf(x) -> str:
+    return f"{tuple(x.shape)} {x.dtype}"
+
+
+def _restore_item(item_dir: Path, sharding) -> dict[str, Any]:
+    """Restore an item as it was saved (shapes from its metadata), every array placed with ``sharding``."""
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path / STATE_DIR, train_state)
+        metadata = ckptr.metadata(item_dir)
+        tree = getattr(metadata, "item_metadata", metadata)
+        abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), tree)
+        return flat_paths(ckptr.restore(item_dir, abstract))
+
+
+def merge_into(target: TrainState, saved: dict[str, Any], *, fields: Sequence[str], ignore_keys: Sequence[str],
+               where: str) -> TrainState:
+    """Leaves of ``target`` under ``fields`` replaced by ``saved`` ones of the same path; every other leaf, and
+    those matching ``ignore_keys``, keep the target's value. Raises listing every mismatch."""
+    ignored = lambda p: any(fnmatch.fnmatchcase(p, pat) for pat in ignore_keys)
+    in_scope = lambda p: p.split(".", 1)[0] in fields
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    new_leaves, problems, used = [], [], set()
+    for path, leaf in leaves_with_paths:
+        name = _path_name(path)
+        if not in_scope(name) or ignored(name):
+            new_leaves.append(leaf)
+            continue
+        got = saved.get(name)
+        if got is None:
+            problems.append(f"{name}: in the model/recipe but not in the checkpoint")
+        elif got.shape != leaf.shape or got.dtype != leaf.dtype:
+            problems.append(f"{name}: checkpoint has {_describe_leaf(got)}, the model/recipe has {_describe_leaf(leaf)}")
+        used.add(name)
+        new_leaves.append(got if got is not None else leaf)
+    problems += [f"{name}: in the checkpoint but not in the model/recipe" for name in sorted(saved)
+                 if name not in used and in_scope(name) and not ignored(name)]
+    if problems:
+        shown = "\n  ".join(problems[:12]) + (f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else "")
+        raise CheckpointError(
+            f"{where} does not match this model/optimizer/recipe ({len(problems)} differences):\n  {shown}\n"
+            "Restore the same model and recipe, pass load_weights_only=True to take only the weights, or skip "
+            "leaves with load_ignore_keys=['params.head.*', ...] (globs on the paths above).")
+    return jax.tree_util.tree_unflatten(treedef, new_leaves)
+
+
+def _read_meta(step_dir: Path) -> dict:
+    for candidate in (step_dir / META_FILE, step_dir / META / "metadata"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+    raise CheckpointError(f"{step_dir} has no {META_FILE}: not a jaxcomposer checkpoint")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return (path / WEIGHTS).is_dir() and ((path / META_FILE).is_file() or (path / META / "metadata").is_file())
+
+
+def restore(step_dir: Path, target: TrainState, *, weights_only: bool = False, ignore_keys: Sequence[str] = (),
+            label: str | None = None) -> tuple[TrainState, Timestamp | None, dict]:
+    """Restore a checkpoint directory onto ``target``; verified first. ``weights_only`` takes params and model
+    state and returns no timestamp (training starts at batch 0, as Composer's ``load_weights_only``)."""
+    label = label or f"checkpoint {step_dir}"
+    verify_checksums(step_dir, step_dir.name)
+    meta = _read_meta(step_dir)
+    if not weights_only and not (step_dir / TRAIN).is_dir():
+        raise CheckpointError(f"{label} holds weights only (saved with save_weights_only=True), so training "
+                              "cannot continue from it; pass load_weights_only=True to start from its weights")
+    sharding = jax.tree_util.tree_leaves(target)[0].sharding
+    saved = _restore_item(step_dir / WEIGHTS, sharding)
+    fields = WEIGHT_FIELDS
+    if not weights_only:
+        saved.update(_restore_item(step_dir / TRAIN, sharding))
+        fields = WEIGHT_FIELDS + TRAIN_FIELDS
+    state = merge_into(target, saved, fields=fields, ignore_keys=ignore_keys, where=label)
+    timestamp = None if weights_only else Timestamp.from_state_dict(meta["timestamp"])
+    return state, timestamp, meta
+
+
+# ---- one directory: Trainer.save_checkpoint / load_path ----------------------------------------------------------
+def save_checkpoint(path: str | Path, train_state: TrainState, timestamp: Timestamp, meta: dict | None = None, *,
+                    weights_only: bool = False) -> Path:
+    """Write a complete checkpoint to ``path`` atomically: it is built beside it and renamed into place."""
+    path = Path(path).absolute()  # orbax requires absolute paths (it fails late, in a background thread, otherwise)
+    if path.exists():
+        raise CheckpointError(f"save_checkpoint: {path} already exists; choose a new path "
+                              "(nothing saved is ever overwritten)")
+    tmp = path.with_name(f"{path.name}{_TMP}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        for item, tree in split_state(train_state, weights_only).items():
+            ckptr.save(tmp / item, tree)
         ckptr.wait_until_finished()
-    # meta.json last: its presence marks the checkpoint complete
-    (path / META_FILE).write_text(json.dumps({"timestamp": timestamp.state_dict(), **(meta or {})}, indent=1))
+    (tmp / META_FILE).write_text(json.dumps({"timestamp": timestamp.state_dict(), "weights_only": weights_only,
+                                             **(meta or {})}, indent=1))
+    write_checksums(tmp)
+    tmp.rename(path)
     return path
 
 
-def load_checkpoint(path: str | Path, target_state: Any) -> tuple[Any, Timestamp, dict]:
-    """Restore onto ``target_state``'s structure, shapes, dtypes and shardings; raise clearly if it does not fit."""
-    path = Path(path).absolute()
-    if not (path / META_FILE).is_file() or not (path / STATE_DIR).is_dir():
-        raise CheckpointError(f"load_path: {path} is not a complete jaxcomposer checkpoint "
-                              f"(expected {STATE_DIR}/ and {META_FILE} inside it)")
-    meta = json.loads((path / META_FILE).read_text())
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
-    try:
-        with ocp.StandardCheckpointer() as ckptr:
-            restored = ckptr.restore(path / STATE_DIR, abstract)
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"load_path: {path} does not match this model/optimizer/recipe "
-                              f"(changed shapes or methods?): {e}") from e
-    return restored, Timestamp.from_state_dict(meta["timestamp"]), meta
+def resolve_load_path(load_path: str | Path) -> Path:
+    """A checkpoint directory, or a ``save_folder`` (its newest good step). Raises naming the path otherwise."""
+    path = Path(load_path).expanduser().absolute()
+    if not path.exists():
+        raise CheckpointError(f"load_path: {str(load_path)!r} does not exist (resolved to {path})")
+    if is_checkpoint_dir(path):
+        return path
+    if _TMP in path.name:
+        raise CheckpointError(f"load_path: {path} is a save that never completed ({_TMP}); it is never loaded")
+    steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit() and is_checkpoint_dir(p)), reverse=True)
+    for step in steps:
+        try:
+            verify_checksums(path / str(step), step)
+            return path / str(step)
+        except CorruptCheckpointError as e:
+            warnings.warn(f"load_path: skipping checkpoint step {step}: {e}", stacklevel=2)
+    raise CheckpointError(f"load_path: {path} is neither a jaxcomposer checkpoint (expected {WEIGHTS}/ and "
+                          f"{META_FILE} inside it) nor a save_folder holding a good one")
 
 
 class CheckpointStore:
@@ -98,44 +235,54 @@ class CheckpointStore:
 
     orbax's ``CheckpointManager`` gives atomic commits (a save killed midway stays a ``*.orbax-checkpoint-tmp``
     directory that is never listed, so it is never loaded), pruning to ``keep`` checkpoints and asynchronous
-    writes; the timestamp and recipe travel in the same step as a JSON item.
+    writes. The checksums are written by orbax's background thread into the temporary directory just before its
+    atomic rename, so a committed step always carries its table and the training loop never waits for hashing.
+
+    ``overwrite=True`` (Composer's ``save_overwrite``): checkpoints already in the folder are deleted at this run's
+    first save (not before: a run that fails early destroys nothing), so pruning and autoresume never mix runs.
     """
 
-    def __init__(self, folder: str | Path, *, keep: int = -1, async_save: bool = True):
+    def __init__(self, folder: str | Path, *, keep: int = -1, async_save: bool = True, overwrite: bool = False,
+                 weights_only: bool = False):
         self.folder = Path(folder).absolute()  # orbax needs absolute paths
         if keep == 0 or keep < -1:
             raise CheckpointError(f"save_num_checkpoints_to_keep: got {keep}, expected -1 (keep all) or >= 1")
+        self.async_save, self.weights_only = async_save, weights_only
+        self._in_flight: int | None = None
+        async_options = ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight) if async_save else None
         self._options = ocp.CheckpointManagerOptions(max_to_keep=None if keep == -1 else keep, create=False,
                                                      enable_async_checkpointing=async_save,
-                                                     cleanup_tmp_directories=True)
+                                                     async_options=async_options, cleanup_tmp_directories=True)
         self._manager = None
-        self._unsealed: list[int] = []  # committed (or committing) steps still waiting for their checksums
+        self._stale = set(self.all_steps()) if overwrite else set()
 
     @property
     def manager(self) -> ocp.CheckpointManager:
         if self._manager is None:  # created lazily: a run that fails validation writes nothing
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._manager = ocp.CheckpointManager(self.folder, item_names=("state", "meta"), options=self._options)
+            self._manager = ocp.CheckpointManager(self.folder, item_names=(WEIGHTS, TRAIN, META),
+                                                  options=self._options)
         return self._manager
 
-    def latest_step(self) -> int | None:
+    def _steps_on_disk(self) -> list[int]:
+        # read from disk, not the manager's cache: ``latest_step`` must not create the folder or the manager
         if not self.folder.is_dir():
-            return None
-        return self.manager.latest_step()
+            return []
+        return sorted(int(p.name) for p in self.folder.iterdir() if p.name.isdigit() and p.is_dir())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        return [] if not self.folder.is_dir() else list(self.manager.all_steps())
+        return self._steps_on_disk() if self._manager is None else sorted(self.manager.all_steps())
 
-    def _seal(self) -> None:
-        """Checksum the steps whose async writes have finished (orbax commits them atomically first)."""
-        if not self._unsealed:
-            return
-        self.manager.wait_until_finished()
-        for step in self._unsealed:
-            step_dir = self.folder / str(step)
-            if step_dir.is_dir():  # (max_to_keep may already have pruned it)
-                write_checksums(step_dir)
-        self._unsealed = []
+    def _seal_in_flight(self) -> None:
+        """orbax's background thread, after the step's files are written and before the rename that commits it."""
+        step = self._in_flight
+        tmp = self.folder / f"{step}{_TMP}"
+        if step is not None and tmp.is_dir():
+            write_checksums(tmp)
 
     def newest_good_step(self) -> int | None:
         """The newest step whose files all match their checksums; corrupt ones are reported and passed over."""
@@ -147,27 +294,28 @@ class CheckpointStore:
                 warnings.warn(f"autoresume: skipping checkpoint step {step}: {e}", stacklevel=2)
         return None
 
-    def save(self, step: int, train_state: Any, timestamp: Timestamp, meta: dict | None = None) -> None:
-        self._seal()
-        self._unsealed.append(step)
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(train_state),
-            meta=ocp.args.JsonSave({"timestamp": timestamp.state_dict(), **(meta or {})})))
+    def save(self, step: int, train_state: TrainState, timestamp: Timestamp, meta: dict | None = None) -> None:
+        manager = self.manager
+        manager.wait_until_finished()  # one save in flight: the sealing callback knows which step it seals
+        for old in sorted(self._stale):
+            manager.delete(old)
+        self._stale = set()
+        items = split_state(train_state, self.weights_only)
+        args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+        args[META] = ocp.args.JsonSave({"timestamp": timestamp.state_dict(), "weights_only": self.weights_only,
+                                        **(meta or {})})
+        self._in_flight = step
+        manager.save(step, args=ocp.args.Composite(**args))
+        if not self.async_save:
+            manager.wait_until_finished()
+            if (self.folder / str(step)).is_dir():
+                write_checksums(self.folder / str(step))
 
-    def restore(self, step: int, target_state: Any) -> tuple[Any, Timestamp, dict]:
-        verify_checksums(self.folder / str(step), step)
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
-        try:
-            out = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"checkpoint step {step} in {self.folder} does not match this model/optimizer/"
-                                  f"recipe (changed shapes or methods?): {e}") from e
-        return out["state"], Timestamp.from_state_dict(out["meta"]["timestamp"]), out["meta"]
+    def restore(self, step: int, target_state: TrainState, **kw) -> tuple[TrainState, Timestamp | None, dict]:
+        return restore(self.folder / str(step), target_state, label=f"checkpoint step {step} in {self.folder}", **kw)
 
     def wait(self) -> None:
         if self._manager is not None:
-            self._seal()
             self._manager.wait_until_finished()
 
     def close(self) -> None:

@@ -39,13 +39,26 @@ def make_forward(task, precision: str) -> Callable:
     return forward
 
 
-def make_grad_fn(task, loss_fn: Callable, precision: str) -> Callable:
-    """``grad_fn(params, model_state, batch, key) -> ((mean_loss, new_model_state), grads)``."""
+def make_per_example_loss(task, loss_fn: Callable, precision: str) -> Callable:
+    """``per_example_loss(params, model_state, batch, key, *, train=True) -> (losses (B,), new_model_state)``:
+    the forward and loss that ``grad_fn`` differentiates, exposed (as ``StepCtx.per_example_loss``) for grad
+    wrappers that score examples without a gradient."""
     forward = make_forward(task, precision)
 
+    def per_example_loss(params, model_state, batch, key, *, train=True):
+        outputs, new_state = forward(params, model_state, batch, train=train, key=key)
+        return loss_fn(outputs, batch), new_state
+
+    return per_example_loss
+
+
+def make_grad_fn(task, loss_fn: Callable, precision: str) -> Callable:
+    """``grad_fn(params, model_state, batch, key) -> ((mean_loss, new_model_state), grads)``."""
+    per_example_loss = make_per_example_loss(task, loss_fn, precision)
+
     def mean_loss(params, model_state, batch, key):
-        outputs, new_state = forward(params, model_state, batch, train=True, key=key)
-        return loss_fn(outputs, batch).mean(), new_state
+        losses, new_state = per_example_loss(params, model_state, batch, key)
+        return losses.mean(), new_state
 
     return jax.value_and_grad(mean_loss, has_aux=True)
 
@@ -91,13 +104,15 @@ def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, 
                     mesh=None) -> Callable:
     """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``)."""
     data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
-    grad_fn = make_grad_fn(task, composed.wrap_loss(task.loss), precision)
-    grad_fn = accumulate_gradients(grad_fn, num_microbatches, data_sharding)
+    loss_fn = composed.wrap_loss(task.loss)
+    per_example_loss = make_per_example_loss(task, loss_fn, precision)
+    grad_fn = accumulate_gradients(make_grad_fn(task, loss_fn, precision), num_microbatches, data_sharding)
 
     def train_step(state: TrainState, batch: dict, stage=None):
         step_key = jax.random.fold_in(state.key, state.step)
         ctx = StepCtx(step=state.step, progress=state.step.astype(jnp.float32) / max(total_steps, 1),
-                      key=step_key, stage=stage, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+                      key=step_key, stage=stage, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+                      per_example_loss=per_example_loss)
         batch = composed.apply_batch(dict(batch), ctx, state.key)
         (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx, state.key)(state.params, state.model_state, batch,
                                              jax.random.fold_in(step_key, _FORWARD_KEY))

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,7 @@ from jaxcomposer.core.method import RunInfo, compose
 from jaxcomposer.core.model import Task, is_torch_module
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
+from jaxcomposer.errors import JaxComposerError
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
@@ -32,7 +33,7 @@ from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 
 
-class ConfigurationError(ValueError):
+class ConfigurationError(JaxComposerError, ValueError):
     """A bad argument or config value, reported before anything is compiled or written."""
 
 
@@ -65,8 +66,9 @@ class Trainer:
                  device_train_microbatch_size: int | None = None, run_name: str | None = None,
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
-                 save_interval: int | str | Time = "1ep", save_num_checkpoints_to_keep: int = -1,
-                 autoresume: bool = False, nonfinite: str = "raise", nonfinite_max_skips: int = 10,
+                 save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
+                 save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
+                 load_ignore_keys: Sequence[str] | None = None, autoresume: bool = False, nonfinite: str = "raise", nonfinite_max_skips: int = 10,
                  devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
@@ -108,19 +110,15 @@ class Trainer:
             raise ConfigurationError(f"nonfinite_max_skips: got {nonfinite_max_skips}, expected >= 0")
         self.nonfinite, self.nonfinite_max_skips = nonfinite, nonfinite_max_skips
         self._pending_check, self._skips_in_a_row = None, 0
-        self.save_interval = self._parse_interval(save_interval, "save_interval")
-        if autoresume and save_folder is None:
-            raise ConfigurationError("autoresume: needs save_folder (where to look for the latest checkpoint), as "
-                                     "in Composer; also set run_name so reruns find the same run")
-        self.store = None if save_folder is None else \
-            checkpoint.CheckpointStore(save_folder, keep=save_num_checkpoints_to_keep)
-        latest = None if self.store is None else self.store.latest_step()
-        if latest is not None and not autoresume:
-            raise ConfigurationError(f"save_folder: {self.store.folder} already holds checkpoints (latest batch "
-                                     f"{latest}); pass autoresume=True to continue that run, or choose a new "
-                                     "folder (saved checkpoints are never overwritten)")
-        # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
-        resume_step = None if latest is None else self.store.newest_good_step()
+        self.save_interval = save_interval if callable(save_interval) else \
+            self._parse_interval(save_interval, "save_interval")
+        self.save_weights_only = save_weights_only
+        self.store, resume_step = self._checkpoint_store(save_folder, save_num_checkpoints_to_keep, save_overwrite,
+                                                         save_weights_only, autoresume, run_name)
+        load_ignore_keys = [load_ignore_keys] if isinstance(load_ignore_keys, str) else list(load_ignore_keys or [])
+        if load_ignore_keys and load_path is None:
+            raise ConfigurationError(f"load_ignore_keys: {load_ignore_keys} given without load_path")
+        load_dir = None if load_path is None or resume_step is not None else checkpoint.resolve_load_path(load_path)
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self.train_subset_num_batches = train_subset_num_batches
         self.eval_subset_num_batches = eval_subset_num_batches
@@ -164,8 +162,10 @@ class Trainer:
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
-        elif load_path is not None:
-            state, timestamp, _ = checkpoint.load_checkpoint(load_path, state)
+        elif load_dir is not None:
+            state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=load_weights_only,
+                                                     ignore_keys=load_ignore_keys, label=f"load_path {load_dir}")
+            timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, max_duration=self.max_duration,
                               timestamp=timestamp, train_state=state, total_steps=self.total_steps,
@@ -301,11 +301,42 @@ class Trainer:
         self._fire(Event.PREDICT_END)
         return outputs
 
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Save everything needed to continue bit for bit: the ``TrainState`` and the timestamp."""
-        return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp,
-                                          {"run_name": self.run_name, "seed": self.seed,
-                                           "algorithms": list(self.composed.names)})
+    def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> Path:
+        """Save everything needed to continue bit for bit (the ``TrainState`` and the timestamp) to a new
+        directory, or only the params and model state with ``weights_only``."""
+        return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
+                                          weights_only=weights_only)
+
+    def _meta(self) -> dict:
+        return {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}
+
+    def _checkpoint_store(self, save_folder, keep, overwrite, weights_only, autoresume, run_name):
+        """The run's CheckpointStore (or None) and the step autoresume continues from (or None)."""
+        if autoresume:
+            needs = [(save_folder is None, "save_folder (where to look for the latest checkpoint)"),
+                     (run_name is None, "run_name (so a relaunch is recognised as the same run)")]
+            missing = [what for absent, what in needs if absent]
+            if missing:
+                raise ConfigurationError(f"autoresume: needs {' and '.join(missing)}, as in Composer")
+            if overwrite:
+                raise ConfigurationError("save_overwrite: cannot be True with autoresume=True (one continues the "
+                                         "saved run, the other replaces it); choose one")
+            if weights_only:
+                raise ConfigurationError("save_weights_only: autoresume needs full checkpoints (optimizer state, "
+                                         "RNG, position) to continue; drop one of the two")
+        if save_folder is None:
+            return None, None
+        try:
+            store = checkpoint.CheckpointStore(save_folder, keep=keep, overwrite=overwrite, weights_only=weights_only)
+        except checkpoint.CheckpointError as e:
+            raise ConfigurationError(str(e)) from e
+        latest = store.latest_step()
+        if latest is not None and not (autoresume or overwrite):
+            raise ConfigurationError(f"save_folder: {store.folder} already holds checkpoints (latest batch "
+                                     f"{latest}); pass autoresume=True to continue that run, save_overwrite=True to "
+                                     "replace it, or choose a new folder")
+        # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
+        return store, (store.newest_good_step() if autoresume and latest is not None else None)
 
     def _check_finite(self) -> None:
         if self._pending_check is None:
@@ -331,11 +362,12 @@ class Trainer:
             return
         self._check_finite()  # never save past a step that should have raised
         st = self.state
-        self.store.save(st.timestamp.batch, st.train_state, st.timestamp,
-                        {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)})
+        self.store.save(st.timestamp.batch, st.train_state, st.timestamp, self._meta())
         self._last_saved = st.timestamp.batch
 
-    def _due(self, interval: Time | None, unit: TimeUnit, count: int | None = None) -> bool:
+    def _due(self, interval: Time | Callable | None, unit: TimeUnit, count: int | None = None) -> bool:
+        if callable(interval):  # Composer's (state, event) -> bool, asked at every batch and epoch end
+            return bool(interval(self.state, Event.BATCH_END if unit == TimeUnit.BATCH else Event.EPOCH_END))
         if interval is None or interval.unit != unit:
             return False
         count = self.state.timestamp.get(unit).value if count is None else count

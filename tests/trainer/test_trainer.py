@@ -167,7 +167,7 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, stop_at):
     first.fit()
     assert first.state.timestamp.epoch == stop_at // 8
     first.save_checkpoint(tmp_path / "ck")
-    with pytest.raises(ValueError, match="already holds a checkpoint"):
+    with pytest.raises(ValueError, match="already exists"):
         first.save_checkpoint(tmp_path / "ck")
     resumed = trainer(load_path=tmp_path / "ck")
     resumed.fit()
@@ -177,5 +177,8 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, stop_at):
 
 
 def test_load_path_that_is_not_a_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match="not a complete jaxcomposer checkpoint"):
+    with pytest.raises(ValueError, match="load_path: .*nope' does not exist"):
         make(load_path=tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither a jaxcomposer checkpoint"):
+        make(load_path=tmp_path / "empty")
