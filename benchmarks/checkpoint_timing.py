@@ -16,6 +16,7 @@ import numpy as np
 
 from common import machine_facts
 from jaxcomposer import Trainer
+from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.data import ArrayLoader
 from jaxcomposer.models import ResNetCIFAR
@@ -33,7 +34,7 @@ def time_store(state, folder: Path) -> dict:
     t0 = time.perf_counter()
     store.save(1, state, Timestamp())
     t_call = time.perf_counter() - t0
-    store.wait()  # async write + atomic commit + sha256 of every file
+    store.wait()  # async write + sha256 of every file + atomic commit
     t_done = time.perf_counter() - t0
     t0 = time.perf_counter()
     restored, _, _ = store.restore(1, state)
@@ -68,8 +69,9 @@ def main() -> None:
         results["quickstart_state"] = time_store(quick.state.train_state, tmp / "quick")
         n = 1_000_000 if args.smoke else 100_000_000  # params; SGD momentum doubles the state
         keys = jax.random.split(jax.random.PRNGKey(0), 20)  # random values: constants would compress to nothing
-        big = {"params": {f"w{i}": jax.random.normal(keys[i], (n // 10,)) for i in range(10)},
-               "momentum": {f"w{i}": jax.random.normal(keys[10 + i], (n // 10,)) for i in range(10)}}
+        big = TrainState(step=jnp.zeros((), jnp.int32), model_state={}, extras={}, key=jax.random.PRNGKey(0),
+                         params={f"w{i}": jax.random.normal(keys[i], (n // 10,)) for i in range(10)},
+                         opt_state={f"w{i}": jax.random.normal(keys[10 + i], (n // 10,)) for i in range(10)})
         results[f"{n // 1_000_000}M_params_plus_momentum"] = time_store(big, tmp / "big")
         del big
         steps = 40 if args.smoke else 200

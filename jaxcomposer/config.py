@@ -160,6 +160,11 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
         problems += [_describe(err, raw) for err in e.errors()]
     if isinstance(raw, Mapping):
         problems += _check_components(raw)
+    load_path = raw.get("load_path") if isinstance(raw, Mapping) else None
+    if isinstance(load_path, str) and not Path(load_path).expanduser().exists():
+        problems.append(("load_path", f"{load_path!r} does not exist (resolved to "
+                                      f"{Path(load_path).expanduser().absolute()}); give a checkpoint directory or a "
+                                      "save_folder"))
     if raw.get("max_duration") is None and not any(loc == "max_duration" for loc, _ in problems):
         problems.append(("max_duration", "required: how long to train, e.g. '10ep' or '500ba'"))
     if problems:
@@ -247,7 +252,9 @@ def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -
         try:
             fn(**kwargs)
         except (TypeError, ValueError) as e:
-            problems.append((loc, str(e)))
+            # point at the argument when the message names exactly one of them ("Invalid lr=0", "alpha must be")
+            named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", str(e))]
+            problems.append((f"{loc}.{named[0]}" if len(named) == 1 else loc, str(e)))
     return problems
 
 

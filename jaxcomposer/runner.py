@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -82,8 +83,8 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     task = _build_task(cfg, info)
     optimizer = config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS)
     schedulers = [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers]
-    algorithms = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.ALGORITHMS)
-                  for n, kw in cfg.algorithms.items()]
+    algorithms = [config_lib.build_component(_with_normalization({"name": n, **(kw or {})}, info.name),
+                                             config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()]
     callbacks = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
                  for n, kw in cfg.callbacks.items()]
     trainer = Trainer(model=task, train_dataloader=train, eval_dataloader=evals, max_duration=cfg.max_duration,
@@ -107,6 +108,17 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     return FitResult(metrics=dict(state.eval_metrics.get("eval", {})), wall_time_s=wall, run_dir=run_dir,
                      state=state, trainer=trainer, fallback_note=info.fallback_note)
+
+
+def _with_normalization(spec: dict, dataset: str) -> dict:
+    """Host-side image methods (RandAugment, AugMix) see the loader's normalized floats: tell them the dataset's
+    mean and std so they can work on pixels, unless the config already says."""
+    factory = config_lib.ALGORITHMS[config_lib.lookup(config_lib.ALGORITHMS, spec["name"])]
+    accepts = inspect.signature(factory).parameters
+    if dataset in _NORMALIZATION and "mean" in accepts and "std" in accepts and "mean" not in spec and "std" not in spec:
+        mean, std = _NORMALIZATION[dataset]
+        return {**spec, "mean": mean, "std": std}
+    return spec
 
 
 def _build_task(cfg, info):

@@ -1,0 +1,60 @@
+"""A training run for the fault-injection tests, launched as its own process so it can be SIGKILLed.
+
+``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume] [--restored PATH]``: trains an MLP with dropout
+under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving asynchronously every 2 batches to
+``FOLDER``; at the end writes every leaf of the train state, the timestamp and the loader position to ``OUT``
+(an ``.npz``); ``--restored`` also writes the state as it was right after building the trainer (after
+autoresume restored it). The hidden layer is wide (about 4M parameters with momentum and EMA: ~50 MB per checkpoint) so a
+save takes long enough for a kill to land inside it.
+"""
+import os
+import sys
+
+devices = int(sys.argv[2])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def dump(path, trainer, loader) -> None:
+    import jax
+    import numpy as np
+
+    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(trainer.state.train_state)]
+    ts = trainer.state.timestamp
+    np.savez(path, *leaves, position=np.array([ts.epoch, ts.batch, ts.batch_in_epoch, ts.sample]),
+             loader=np.array([loader.get_state()["epoch"], loader.get_state()["batch_index"]]))
+
+
+def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: str | None) -> None:
+    from flax import nnx
+
+    from jaxcomposer import Trainer
+    from jaxcomposer.algorithms import EMA, MixUp
+    from jaxcomposer.data import ArrayLoader
+    from jaxcomposer.models import MLP
+    from jaxcomposer.models.tasks import ComposerClassifier
+    from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
+    from tests.trainer.helpers import digits
+
+    task = ComposerClassifier(MLP(64, hidden=(4096, 512), num_classes=10, dropout=0.2, rngs=nnx.Rngs(0)),
+                              num_classes=10)
+    loader = ArrayLoader(digits("train", 512), 32, seed=5)
+    trainer = Trainer(model=task, train_dataloader=loader, max_duration=f"{max_batches}ba",
+                      optimizers=DecoupledSGDW(lr=0.05, momentum=0.9, weight_decay=1e-4),
+                      schedulers=[CosineAnnealingScheduler()], algorithms=[MixUp(alpha=0.4), EMA(half_life="3ba")],
+                      seed=11, progress_bar=False, run_name="fault", save_folder=folder, save_interval="2ba",
+                      autoresume=autoresume)
+    print(f"START batch={trainer.state.timestamp.batch}", flush=True)
+    if restored:
+        dump(restored, trainer, loader)
+    trainer.fit()
+    trainer.close()
+    dump(out, trainer, loader)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    extra = sys.argv[5:]
+    main(sys.argv[1], int(sys.argv[3]), sys.argv[4], "--autoresume" in extra,
+         extra[extra.index("--restored") + 1] if "--restored" in extra else None)
