@@ -12,9 +12,11 @@ from jaxcomposer.algorithms.gradient_clipping import GradientClipping, apply_gra
 from jaxcomposer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
 from jaxcomposer.algorithms.layer_freezing import LayerFreezing, freeze_layers
 from jaxcomposer.algorithms.mixup import MixUp, mixup_batch
+from jaxcomposer.algorithms.progressive_resizing import ProgressiveResizing, resize_batch
 from jaxcomposer.algorithms.randaugment import RandAugment, randaugment_image
 from jaxcomposer.algorithms.sam import SAM, apply_sam
 from jaxcomposer.algorithms.selective_backprop import SelectiveBackprop, select_using_loss, should_selective_backprop
+from jaxcomposer.algorithms.seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length
 from jaxcomposer.algorithms.swa import SWA
 
 # Composer's registry spellings (``composer/algorithms/algorithm_registry.py``) -> factory name in this package;
@@ -30,9 +32,11 @@ REGISTRY: dict[str, str] = {
     "label_smoothing": "LabelSmoothing",
     "layer_freezing": "LayerFreezing",
     "mixup": "MixUp",
+    "progressive_resizing": "ProgressiveResizing",
     "randaugment": "RandAugment",
     "sam": "SAM",
     "selective_backprop": "SelectiveBackprop",
+    "seq_length_warmup": "SeqLengthWarmup",
     "swa": "SWA",
 }
 
@@ -61,4 +65,5 @@ __all__ = [
     "mixup_batch", "smooth_labels",
     "SAM", "SelectiveBackprop", "apply_sam", "select_using_loss", "should_selective_backprop",
     "LayerFreezing", "SWA", "freeze_layers",
+    "ProgressiveResizing", "SeqLengthWarmup", "resize_batch", "set_batch_sequence_length",
 ]

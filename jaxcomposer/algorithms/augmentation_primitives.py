@@ -274,8 +274,8 @@ def _from_uint8(u: np.ndarray, dtype: np.dtype, norm, where: str) -> np.ndarray:
     x = u.astype(ftype) / ftype.type(255.0)
     if norm is not None:
         c = u.shape[-1]
-        x = (x - _channel_param(norm[0], c, "mean", where).astype(ftype)) / _channel_param(norm[1], c, "std",
-                                                                                             where).astype(ftype)
+        mean = _channel_param(norm[0], c, "mean", where).astype(ftype)
+        x = (x - mean) / _channel_param(norm[1], c, "std", where).astype(ftype)
     return x.astype(dtype)
 
 

@@ -3,7 +3,7 @@
 Method card
 -----------
 **What it does.** Pastes a random box from a permuted copy of the batch into every image and mixes the labels by
-the pasted area: ``lam ~ Beta(alpha, alpha)``, a box of area fraction about ``1 - lam`` replaces the same region of
+the pasted area. ``lam ~ Beta(alpha, alpha)``: a box of area fraction about ``1 - lam`` replaces the same region of
 each image with that of image ``perm[i]``, and the targets become ``lam_adj * onehot(y) + (1 - lam_adj) *
 onehot(y[perm])``, where ``lam_adj = 1 - box_area / (H * W)`` is measured on the box *after* clipping to the image.
 One box and one permutation per batch, as in Composer.
@@ -142,8 +142,8 @@ def cutmix_batch(input: jax.Array, target: jax.Array, key: jax.Array | None = No
     if bbox is None:
         if length is None:
             cut_ratio = jnp.sqrt(1.0 - _gen_cutmix_coef(k_lam, alpha))
-            # Composer takes int() of a float64 product; float32 can differ only when h * ratio is within an ulp
-            # of an integer, which moves the box size for a measure-zero set of draws.
+            # Composer takes int() of a float64 product; in float32 the floor can differ only when h * ratio lies
+            # within float32 rounding of an integer, so the box size moves by a pixel for a tiny fraction of draws.
             cut_h = jnp.floor(h * cut_ratio).astype(jnp.int32)
             cut_w = jnp.floor(w * cut_ratio).astype(jnp.int32)
         else:

@@ -2,9 +2,9 @@
 
 Method card
 -----------
-**What it does.** Progressively freezes the network's layers, earliest first: after ``freeze_start`` of training
-the fraction of layers frozen grows linearly, reaching ``freeze_level`` at the end of training; a frozen layer's
-params never change again (no gradient step, no momentum, no weight decay).
+**What it does.** Progressively freezes the network's layers, earliest first, over the end of training. After
+``freeze_start`` of training the fraction of layers frozen grows linearly, reaching ``freeze_level`` at the end;
+a frozen layer's params never change again (no gradient step, no momentum, no weight decay).
 
 **When it helps.** Long fine-tuning or training runs of deep CNNs and transformers whose early layers converge
 first (FreezeOut, Freeze Training). In Composer the speedup comes from skipping the backward pass through frozen
@@ -33,9 +33,13 @@ into such modules' children only). The order is definition order:
 - Flax NNX: ``nnx.State`` sorts its keys, so the order is read from the module itself: the ``model`` slot walks
   the task's module (attributes in assignment order, ``nnx.List`` items by index) once, before the optimizer is
   built. Params added by later surgery (e.g. BlurPool's ``conv1/conv``) take the place of their nearest
-  ancestor in that walk.
+  ancestor in that walk. A module rebuilt by ``nnx.clone``/``merge``/``eval_shape`` has sorted attributes, so
+  the order is gone: the slot raises and asks for LayerFreezing to be listed before surgery methods (which
+  clone), or for ``layer_order=[...]`` (keyword-only, ours: module paths, earliest first).
 - torch modules (bridged): ``named_modules()`` order; bridged params' dotted names are split on ``.``.
-- Plain dicts (no module): insertion order, e.g. ``{'stem': ..., 'block1': ..., 'head': ...}``.
+- Plain dicts (no module): insertion order, e.g. ``{'stem': ..., 'block1': ..., 'head': ...}``, as the optimizer's
+  ``init`` sees them on the host (inside jit, dicts come back with sorted keys; pass ``model=`` a list of paths to
+  :func:`freeze_layers` there).
 
 :func:`get_layers` lists the layers in freezing order.
 
@@ -55,8 +59,8 @@ count is the optimizer's, a step skipped for a non-finite loss does not advance 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +122,15 @@ def _definition_order(model: Any) -> list[tuple[str, ...]]:
     if not isinstance(model, nnx.Module):
         raise ValueError(f"LayerFreezing: model must be a flax.nnx.Module, a torch.nn.Module or a sequence of "
                          f"param/module paths in definition order, got {type(model).__name__}.")
+    keys = list(vars(model))
+    if "_pytree__state" in keys and "_pytree__nodes" in keys and \
+            keys.index("_pytree__nodes") < keys.index("_pytree__state"):
+        # A constructor sets _pytree__state first; nnx.clone/merge/eval_shape rebuild modules with sorted attributes,
+        # which puts 'head' before 'stem': freezing in that order would be silently wrong.
+        raise ValueError(f"LayerFreezing: the {type(model).__name__} module was rebuilt (nnx.clone, nnx.merge or "
+                         "nnx.eval_shape; surgery methods such as BlurPool clone the model), so its attributes are "
+                         "sorted and the definition order is lost. List LayerFreezing before surgery methods, or "
+                         "pass layer_order=[module paths, earliest first].")
     out: list[tuple[str, ...]] = []
     seen: set[int] = set()
 
@@ -128,7 +141,9 @@ def _definition_order(model: Any) -> list[tuple[str, ...]]:
         out.append(path)
         if isinstance(node, nnx.Variable):
             return
-        if isinstance(node, nnx.Module):
+        if isinstance(node, nnx.Module) and isinstance(node, Sequence):  # nnx.List: by index, not by '10' < '2'
+            items = list(enumerate(node))
+        elif isinstance(node, nnx.Module):
             items = [(k, v) for k, v in vars(node).items() if not k.startswith("_pytree__")]
         elif isinstance(node, Mapping):
             items = list(node.items())
@@ -171,7 +186,8 @@ def _layers(params: Any, order: list[tuple[str, ...]] | None):
             for k in range(len(L), -1, -1):
                 if L[:k] in rank:
                     return (rank[L[:k]], first[L], L)
-            return (-1, first[L], L)
+            raise ValueError(f"LayerFreezing: layer {'/'.join(L)!r} is not covered by the layer order "
+                             f"{['/'.join(q) for q in order]}; list it (or a module containing it).")
 
         ranked = sorted(leaf_layers, key=key)
     position = {L: i for i, L in enumerate(ranked)}
@@ -273,20 +289,24 @@ def layer_freezing_tx(inner: optax.GradientTransformation, info: RunInfo, freeze
     else:
         boundary = int(interval.value)
     total = max(int(info.total_steps), 1)
-    order = None if model_order is None else list(model_order)
+    # jit rebuilds dicts with sorted keys, so a dict's insertion order exists only on the host: without a module
+    # order, pin the layer order of the params `init` sees (the Trainer calls it on the host, before any jit).
+    pinned = {"order": None if model_order is None else list(model_order)}
 
     def init(params):
-        _layers(params, order)  # a missing order fails here, before the first step
+        ranked, _ = _layers(params, pinned["order"])  # a missing order fails here, before the first step
+        if pinned["order"] is None:
+            pinned["order"] = ranked
         return LayerFreezingState(jnp.zeros((), jnp.int32), inner.init(params))
 
     def update(updates, state, params=None):
-        ranked, index = _layers(updates, order)
+        ranked, index = _layers(updates, pinned["order"])
         th = _thresholds(len(ranked), total, boundary, freeze_start, freeze_level)
         k = state.count // boundary  # boundaries passed before this step
         depth = (k >= jnp.asarray(th)).sum(dtype=jnp.int32) if th.size else jnp.zeros((), jnp.int32)
 
         def mask(u, i):
-            if u is None or i < 0:
+            if i < 0:  # direct params of a non-leaf module: never frozen, as in Composer
                 return u
             return jnp.where(i < depth, jnp.zeros_like(u), u)
 
@@ -309,20 +329,31 @@ def _interval(update_interval: str | Time) -> Time:
     return update_interval
 
 
-def LayerFreezing(freeze_start: float = 0.5, freeze_level: float = 1.0, *,
-                  update_interval: str = "1ep") -> Method:
-    """Composer's ``LayerFreezing(freeze_start, freeze_level)`` as a :class:`Method` (``model`` + ``tx`` slots)."""
+def LayerFreezing(freeze_start: float = 0.5, freeze_level: float = 1.0, *, update_interval: str = "1ep",
+                  layer_order: Sequence[str] | None = None) -> Method:
+    """Composer's ``LayerFreezing(freeze_start, freeze_level)`` as a :class:`Method` (``model`` + ``tx`` slots).
+
+    ``layer_order`` (keyword-only, ours): module paths earliest first (``'blocks/0/conv1'`` or
+    ``'blocks.0.conv1'``), for models whose definition order cannot be read (see the card).
+    """
     _check(freeze_start, freeze_level)
     _interval(update_interval)
+    if layer_order is not None and (isinstance(layer_order, str) or not all(isinstance(p, str) for p in layer_order)):
+        raise ValueError(f"LayerFreezing: layer_order must be a list of module paths such as ['stem', "
+                         f"'blocks/0/conv1'], got {layer_order!r}.")
     # The model slot runs on the host before the optimizer is built (Trainer: apply_model, then wrap_tx); it is
     # the only place the module (and so the definition order nnx.State loses) is visible.
-    seen: dict[str, Any] = {"order": None}
+    seen: dict[str, Any] = {"order": None if layer_order is None else _definition_order(list(layer_order))}
 
     def model_fn(task):
+        if layer_order is not None:
+            return task
         source = getattr(task, "source", None)
-        try:
+        from flax import nnx
+
+        if is_torch_module(source) or isinstance(source, nnx.Module):
             seen["order"] = _definition_order(source)
-        except ValueError:  # a PureModel or other source: fall back to the params' own order
+        else:  # a PureModel: its params' own (dict insertion) order
             seen["order"] = None
         return task
 

@@ -2,7 +2,7 @@
 
 Method card
 -----------
-**What it does.** Trains on downscaled images first and grows them to full size: the scale goes from
+**What it does.** Trains on downscaled images early on and grows them back to full size. The scale goes from
 ``initial_scale`` to 1 linearly between ``delay_fraction`` and ``1 - finetune_fraction`` of training, and the last
 ``finetune_fraction`` runs at full size. Images are shrunk by interpolation (``mode='resize'``) or by one random crop
 per batch (``mode='crop'``).

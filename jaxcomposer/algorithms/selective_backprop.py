@@ -196,7 +196,7 @@ def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, s
                          f"got {interrupt!r}.")
     interrupt = int(interrupt)
 
-    def stage(step: int, total_steps: int) -> bool:
+    def stage(step: int, total_steps: int, batch_shapes=None) -> bool:
         # keep == 1 would select everything: Composer's match() skips the method then, and so do we
         return keep < 1 and should_selective_backprop(step / max(total_steps, 1), step, start, end, interrupt)
 

@@ -2,9 +2,10 @@
 
 Method card
 -----------
-**What it does.** Trains a language model on short sequences first: the sequence length grows by ``step_size``
-from ``min_seq_length`` to ``max_seq_length`` over the first ``duration`` of training, by truncating each batch
-(or, with ``truncate=False``, by cutting it into more rows of shorter sequences).
+**What it does.** Trains a language model on short sequences first, growing them to full length early in training.
+The length grows by ``step_size`` from ``min_seq_length`` to ``max_seq_length`` over the first ``duration`` of
+training, by truncating each batch (or, with ``truncate=False``, by cutting it into more rows of shorter
+sequences).
 
 **When it helps.** Causal-LM pretraining (GPT-2 125M: 1.2-1.5x faster to the same perplexity in Composer's runs,
 1.7x together with ALiBi): early steps are cheaper and more stable. Not for classification or fine-tuning on

@@ -2,9 +2,10 @@
 
 Method card
 -----------
-**What it does.** Keeps an equal-weight running average of the params sampled every ``update_interval`` from
-``swa_start``, and at ``swa_end`` replaces the model's params with that average; training (if any is left) goes
-on from the averaged weights. Optionally anneals the learning rate to ``swa_lr`` once averaging starts (SWALR).
+**What it does.** Averages the weights visited late in training and swaps the average in at ``swa_end``. The
+average is an equal-weight running mean of the params sampled every ``update_interval`` from ``swa_start``;
+training (if any is left) goes on from the averaged weights. Optionally anneals the learning rate to ``swa_lr``
+once averaging starts (SWALR).
 
 **When it helps.** The last 10-30% of image-classifier training (ResNets on CIFAR/ImageNet: +0.5-1% top-1 in
 Izmailov et al.), where SGD bounces around a wide basin: the average sits nearer its centre. Costs one extra

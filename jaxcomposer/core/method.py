@@ -14,7 +14,7 @@ tx        (optax tx, info) -> optax tx (trace time)      GradientClipping, Layer
 schedule  (alpha, info) -> alpha (trace time)            SWA's learning-rate annealing
 post_step ``PostStep(init, update)`` on extra state      EMA, SWA
 eval      (extra, params, state) -> (params, state)      EMA: evaluate with the averaged weights
-stage     (step, total_steps) -> hashable (host)         static shapes: one compile per stage
+stage     (step, total, batch_shapes) -> hashable (host) static shapes: one compile per stage
 host      (event, run_state) -> None (host)              anything that must touch Python between steps
 data      (batch, rng) -> batch (host, numpy)            RandAugment, AugMix: per-example ops before the device
 ======== ============================================== ====================================================
@@ -94,7 +94,7 @@ class Method:
     schedule: Callable[[Callable, RunInfo], Callable] | None = None
     post_step: PostStep | None = None
     eval: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
-    stage: Callable[[int, int], Hashable] | None = None
+    stage: Callable[[int, int, dict | None], Hashable] | None = None
     host: Callable[[Any, Any], None] | None = None
     data: Callable[[dict, Any], dict] | None = None
     interpolates_targets: bool = False
@@ -202,8 +202,10 @@ class Composed:
                 params, model_state = m.eval(extras[m.name], params, model_state)
         return params, model_state
 
-    def stage(self, step: int, total_steps: int) -> Hashable:
-        parts = tuple((m.name, m.stage(step, total_steps)) for m in self.methods if m.stage is not None)
+    def stage(self, step: int, total_steps: int, batch_shapes: dict | None = None) -> Hashable:
+        """Every method's stage for this step; ``batch_shapes`` (key -> shape of the loader's batch) lets a stage
+        size itself to the data (ProgressiveResizing pins sizes to the image width)."""
+        parts = tuple((m.name, m.stage(step, total_steps, batch_shapes)) for m in self.methods if m.stage is not None)
         return parts or None
 
     def run_host(self, event, run_state) -> None:
@@ -223,6 +225,9 @@ def compose(methods: Sequence[Method] | None) -> Composed:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise MethodConflictError(f"algorithms: {dupes} listed more than once; each method may appear once.")
+    # Composer's sort_selective_backprop_first: selection must see the whole batch once, outside every other grad
+    # wrapper (SAM inside it then differentiates twice on the kept examples, instead of selecting twice)
+    methods = tuple(sorted(methods, key=lambda m: m.name != "SelectiveBackprop"))
     mixers = [m.name for m in methods if m.interpolates_targets]
     if len(mixers) > 1:
         raise MethodConflictError(

@@ -76,6 +76,9 @@ def accumulate_gradients(grad_fn: Callable, num_microbatches: int, data_sharding
     n = num_microbatches
 
     def split(x):
+        if x.shape[0] % n:  # e.g. SelectiveBackprop kept a count that n microbatches cannot share
+            raise ValueError(f"gradient accumulation: a batch of {x.shape[0]} examples does not split into {n} "
+                             "microbatches; choose device_train_microbatch_size so the (selected) batch divides")
         x = x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1)
         if data_sharding is not None:
             x = jax.lax.with_sharding_constraint(x, data_sharding)

@@ -195,7 +195,8 @@ class Trainer:
             for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True,
                                               position=(st.timestamp.epoch, st.timestamp.batch_in_epoch)):
                 self._fire(Event.BATCH_START)
-                stage = self.composed.stage(int(st.timestamp.batch), self.total_steps)
+                stage = self.composed.stage(int(st.timestamp.batch), self.total_steps,
+                                            {k: tuple(v.shape) for k, v in batch.items()})
                 n, seen = _batch_size(batch), seen + 1
                 st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage)
                 st.batch_size = n

@@ -13,6 +13,7 @@ import optax
 from jaxcomposer import algorithms
 from jaxcomposer.core.method import Composed, RunInfo, StepCtx
 from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD
 
 NUM_CLASSES = 5
 IMAGE_SHAPE = (8, 8, 3)  # NHWC without the batch axis
@@ -22,10 +23,34 @@ EXAMPLE_METHODS = {
     "LabelSmoothing": lambda: algorithms.LabelSmoothing(smoothing=0.1),
     "MixUp": lambda: algorithms.MixUp(alpha=0.2),
     "CutOut": lambda: algorithms.CutOut(num_holes=1, length=0.5),
+    "CutMix": lambda: algorithms.CutMix(alpha=1.0),
+    # 8x8 images shrink to 6x6: image models only (an MLP's fixed fan-in rejects them)
+    "ColOut": lambda: algorithms.ColOut(p_row=0.15, p_col=0.15),
     "GradientClipping": lambda: algorithms.GradientClipping(clipping_type="norm", clipping_threshold=0.1),
     "EMA": lambda: algorithms.EMA(half_life="2ba"),
     # min_channels=1: the contract tests' ResNetCIFAR(width=4) has only 4- and 8-channel strided convs
     "BlurPool": lambda: algorithms.BlurPool(min_channels=1),
+    # host-side (data slot); the contract tests feed digits normalized with these statistics
+    "RandAugment": lambda: algorithms.RandAugment(severity=9, depth=2, mean=DIGITS_MEAN, std=DIGITS_STD),
+    "AugMix": lambda: algorithms.AugMix(severity=3, depth=-1, width=3, alpha=1.0, mean=DIGITS_MEAN, std=DIGITS_STD),
+    # start=0, end=1, interrupt=0: selects on every step (interrupt=1 would never select)
+    "SelectiveBackprop": lambda: algorithms.SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interrupt=0),
+    # interval=2: a plain step, then a SAM step, so two Trainer steps cover both branches
+    "SAM": lambda: algorithms.SAM(rho=0.5, interval=2),
+    # per-batch recomputation from the start: in the contract ResNet, 9 of 19 layers freeze for the 2nd step
+    "LayerFreezing": lambda: algorithms.LayerFreezing(freeze_start=0.0, freeze_level=1.0, update_interval="1ba"),
+    # sample every batch from the start; the params become the average at the last step (0.9dur of 2 or 4
+    # steps); SWALR anneals the LR over the first 2 samples
+    "SWA": lambda: algorithms.SWA(swa_start="0.0dur", swa_end="0.9dur", update_interval="1ba",
+                                  schedule_swa_lr=True, anneal_steps=2, swa_lr=0.05),
+    # 8x8 images at scale 0.5 (4x4) while t < 0.5: one size over 2 steps, full size at step 3 of 4. image_size pins
+    # sizes while the stage is not given the batch's shapes. Image models only (an MLP's fixed fan-in rejects them)
+    "ProgressiveResizing": lambda: algorithms.ProgressiveResizing(initial_scale=0.5),
+    # truncates image rows (the composition check's model pools over space), so its changing shapes meet every
+    # other method: length 6 over 2 steps (a warmup under one batch starts at max), 4 then 6 over 4 steps. Image
+    # models only, like ColOut; the causal-LM trainer tests are in test_seq_length_warmup.py
+    "SeqLengthWarmup": lambda: algorithms.SeqLengthWarmup(duration=0.25, min_seq_length=4, max_seq_length=6,
+                                                          step_size=2, sequence_keys=("input",)),
 }
 
 
@@ -75,11 +100,16 @@ def dummy_step(composed: Composed, tx: optax.GradientTransformation, carry: dict
     batch = composed.apply_batch(batch, ctx, base_key)
     loss_fn = composed.wrap_loss(lambda outputs, b: soft_cross_entropy(outputs, b["target"]))
 
-    def objective(params, state, b, key):
-        del key
+    def per_example_loss(params, state, b, key, *, train=True):
+        del key, train  # the dummy model has no dropout and no eval mode
         outputs, new_state = apply_model(params, state, b["input"])
-        return loss_fn(outputs, b).mean(), new_state
+        return loss_fn(outputs, b), new_state
 
+    def objective(params, state, b, key):
+        losses, new_state = per_example_loss(params, state, b, key)
+        return losses.mean(), new_state
+
+    ctx = ctx._replace(per_example_loss=per_example_loss)  # as the Trainer's step provides it (SelectiveBackprop)
     grad_fn = composed.wrap_grad(jax.value_and_grad(objective, has_aux=True), ctx, base_key)
     (loss, new_state), grads = grad_fn(carry["params"], carry["state"], batch, jax.random.fold_in(base_key, step))
     updates, opt = tx.update(grads, carry["opt"], carry["params"])
@@ -112,7 +142,13 @@ def check_composes_with(name: str, other: str, key) -> None:
         with pytest.raises(ValueError, match="more than once"):
             compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[name]()])
         return
-    composed = compose([EXAMPLE_METHODS[name](), EXAMPLE_METHODS[other]()])
+    first, second = EXAMPLE_METHODS[name](), EXAMPLE_METHODS[other]()
+    if first.interpolates_targets and second.interpolates_targets:  # MixUp + CutMix: a documented conflict
+        from jaxcomposer.core.method import MethodConflictError
+        with pytest.raises(MethodConflictError, match="interpolate targets"):
+            compose([first, second])
+        return
+    composed = compose([first, second])
     total = 4
     tx = make_tx(composed, total)
     carry = init_carry(composed, tx, key)
@@ -122,6 +158,6 @@ def check_composes_with(name: str, other: str, key) -> None:
         batch = make_batch(jax.random.fold_in(key, s), batch_size=8)
         if composed.has_data:  # host-side data methods work on numpy, before the device
             batch = composed.apply_data({k: np.asarray(v) for k, v in batch.items()}, (0, 0, s))
-        carry, loss = step(carry, batch, s, composed.stage(s, total))
+        carry, loss = step(carry, batch, s, composed.stage(s, total, {k: v.shape for k, v in batch.items()}))
         assert np.isfinite(loss), (name, other, s)
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(carry)), (name, other)

@@ -18,6 +18,8 @@ from tests.algorithms.algo_testing import EXAMPLE_METHODS
 from tests.trainer.helpers import digits
 
 FACTORIES = sorted(algorithms.REGISTRY.values())
+# these change the image size, and an MLP's fan-in is fixed: their contract runs on the ResNet (global pooling)
+IMAGE_SIZE_CHANGING = {"ColOut", "ProgressiveResizing", "SeqLengthWarmup"}
 
 
 def test_every_registered_method_has_an_example():
@@ -39,7 +41,7 @@ def _trainer(method_name, model, **kw):
 def test_two_steps_in_trainer(name):
     from jaxcomposer.loggers import InMemoryLogger
     logger = InMemoryLogger()
-    trainer = _trainer(name, "mlp", loggers=[logger])
+    trainer = _trainer(name, "resnet" if name in IMAGE_SIZE_CHANGING else "mlp", loggers=[logger])
     before = [np.asarray(x) for x in jax.tree_util.tree_leaves(trainer.state.train_state.params)]
     trainer.fit()
     losses = [v for _, v in logger.data["loss/train/total"]]
@@ -47,7 +49,11 @@ def test_two_steps_in_trainer(name):
     after = jax.tree_util.tree_leaves(trainer.state.train_state.params)
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
     (step,) = trainer._train_steps.values()
-    assert step._cache_size() == 1
+    data = trainer.train_dataloader
+    data.set_state({"epoch": 0, "batch_index": 0})
+    shapes = {k: tuple(v.shape) for k, v in next(iter(data)).items()}
+    stages = {trainer.composed.stage(s, trainer.total_steps, shapes) for s in range(trainer.total_steps)}
+    assert step._cache_size() == len(stages)  # one compile per stage, none more
 
 
 def _bits(train_state):
@@ -57,6 +63,8 @@ def _bits(train_state):
 @pytest.mark.parametrize("model", ["mlp", "resnet"])
 @pytest.mark.parametrize("name", FACTORIES)
 def test_resume_is_bitwise(name, model, tmp_path):
+    if model == "mlp" and name in IMAGE_SIZE_CHANGING:
+        pytest.skip("changes the image size, and the MLP's fan-in is fixed; covered on the ResNet")
     straight = _trainer(name, model)
     straight.fit()
 
