@@ -42,7 +42,7 @@ def test_every_problem_is_reported_with_its_dotted_path():
     got = dict(info.value.problems)
     assert "precision" in got and "seed" in got
     assert "did you mean 'batch_size'" in got["data.batch_sise"]
-    assert "lr" in got["optimizer"]
+    assert "lr=-1.0" in got["optimizer.lr"]  # the argument the builder rejected, not just the component
     assert "did you mean 'cosine_annealing'" in got["schedulers.0.name"]
     assert "did you mean 'interpolate_loss'" in got["algorithms.mixup.interpolate"]
     assert "did you mean 'label_smoothing'" in got["algorithms.label_smoothin"]
