@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -115,8 +116,24 @@ def _describe_leaf(x) -> str:
     return f"{tuple(x.shape)} {x.dtype}"
 
 
+class _NoStepMetadataNotice(logging.Filter):
+    # An item inside a CheckpointManager step has no step-level metadata file of its own; orbax logs that as a
+    # warning on every restore, which would read like a problem to users
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Metadata file does not exist" not in record.getMessage()
+
+
 def _restore_item(item_dir: Path, sharding) -> dict[str, Any]:
     """Restore an item as it was saved (shapes from its metadata), every array placed with ``sharding``."""
+    quiet = _NoStepMetadataNotice()
+    logging.getLogger("absl").addFilter(quiet)
+    try:
+        return _restore_item_quietly(item_dir, sharding)
+    finally:
+        logging.getLogger("absl").removeFilter(quiet)
+
+
+def _restore_item_quietly(item_dir: Path, sharding) -> dict[str, Any]:
     with ocp.StandardCheckpointer() as ckptr:
         metadata = ckptr.metadata(item_dir)
         tree = getattr(metadata, "item_metadata", metadata)

@@ -68,8 +68,8 @@ class Trainer:
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
                  save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
                  save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
-                 load_ignore_keys: Sequence[str] | None = None, autoresume: bool = False, nonfinite: str = "raise", nonfinite_max_skips: int = 10,
-                 devices: Sequence | None = None):
+                 load_ignore_keys: Sequence[str] | None = None, autoresume: bool = False, nonfinite: str = "raise",
+                 nonfinite_max_skips: int = 10, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
@@ -112,7 +112,6 @@ class Trainer:
         self._pending_check, self._skips_in_a_row = None, 0
         self.save_interval = save_interval if callable(save_interval) else \
             self._parse_interval(save_interval, "save_interval")
-        self.save_weights_only = save_weights_only
         self.store, resume_step = self._checkpoint_store(save_folder, save_num_checkpoints_to_keep, save_overwrite,
                                                          save_weights_only, autoresume, run_name)
         load_ignore_keys = [load_ignore_keys] if isinstance(load_ignore_keys, str) else list(load_ignore_keys or [])
