@@ -33,6 +33,7 @@ import dataclasses
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import jax
+import numpy as np
 import optax
 
 from jaxcomposer.errors import JaxComposerError
@@ -149,8 +150,6 @@ class Composed:
     def apply_data(self, batch: dict, seed_parts: tuple[int, ...]) -> dict:
         """Host-side data-pipeline methods, in list order; each draws from its own generator seeded by
         ``seed_parts`` (run seed, epoch, batch in epoch) and its name, so a resumed run augments identically."""
-        import numpy as np
-
         for m in self.methods:
             if m.data is not None:
                 seq = np.random.SeedSequence([*(int(p) for p in seed_parts), _name_hash(m.name)])

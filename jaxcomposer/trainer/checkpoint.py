@@ -234,6 +234,9 @@ def resolve_load_path(load_path: str | Path) -> Path:
         raise CheckpointError(f"load_path: {str(load_path)!r} does not exist (resolved to {path})")
     if is_checkpoint_dir(path):
         return path
+    if not path.is_dir():
+        raise CheckpointError(f"load_path: {path} is a file; a jaxcomposer checkpoint is a directory (a step of a "
+                              "save_folder, a Trainer.save_checkpoint directory, or the save_folder itself)")
     if _TMP in path.name:
         raise CheckpointError(f"load_path: {path} is a save that never completed ({_TMP}); it is never loaded")
     steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit() and is_checkpoint_dir(p)), reverse=True)

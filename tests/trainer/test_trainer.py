@@ -182,3 +182,6 @@ def test_load_path_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="neither a jaxcomposer checkpoint"):
         make(load_path=tmp_path / "empty")
+    (tmp_path / "model.pt").write_bytes(b"torch")  # a Composer checkpoint file, say
+    with pytest.raises(ValueError, match="model.pt is a file; a jaxcomposer checkpoint is a directory"):
+        make(load_path=tmp_path / "model.pt")
