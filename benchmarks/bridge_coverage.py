@@ -19,18 +19,12 @@ Run:  .venv/bin/python benchmarks/bridge_coverage.py
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
-from pathlib import Path
-from common import machine_facts as shared_machine_facts  # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import machine_facts, results_path, write_json  # benchmarks/common.py
+
 NAME = "bridge_coverage"
-
-
-def machine_facts() -> dict:
-    return shared_machine_facts()
 
 
 def group_of(op) -> str:
@@ -45,10 +39,9 @@ def group_of(op) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="same work; writes bridge_coverage.smoke.json")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
-    if args.smoke and args.out == ap.get_default("out"):
-        args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
+    args.out = results_path(NAME, args.smoke, args.out)
 
     import torch
 
@@ -86,8 +79,7 @@ def main(argv=None) -> int:
            "registered": {"entries": len(registered), "overloads": kinds["overload"], "packets": kinds["packet"],
                           "beyond_core": len(beyond_core)},
            "registered_beyond_core": sorted(beyond_core)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
 
     print(f"\n{NAME}: torch {torch.__version__}{'  [SMOKE]' if args.smoke else ''}")
     for name, ops in groups.items():

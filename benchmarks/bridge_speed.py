@@ -4,7 +4,7 @@ The model is the quickstart ResNet (``configs/quickstart.yaml``: depth 8, width 
 channel, 10 classes), batch size and lr from the same file, SGD with momentum 0.9 and Nesterov, no weight decay,
 no schedule, no algorithms, no eval:
 
-- ``torch``: ``torch_bridge.reference_models.TorchResNetCIFAR`` trained eagerly (NCHW, ``torch.optim.SGD``,
+- ``torch``: ``interop.torch_mirrors.TorchResNetCIFAR`` trained eagerly (NCHW, ``torch.optim.SGD``,
   ``F.cross_entropy``, ``torch.set_num_threads(--torch-threads)``, 2 by default).
 - ``bridged``: ``torch_bridge.from_torch`` of that same torch module (converted before torch trains a copy, so
   both start from identical weights) in ``jaxcomposer.Trainer`` (``DecoupledSGDW``, ``weight_decay=0``,
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -42,61 +41,29 @@ import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from flax import nnx
 
-import jaxcomposer
 import torch_bridge
-from jaxcomposer import ComposerClassifier, Trainer
-from jaxcomposer.core.time import Time, TimeUnit
+from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
+                    load_quickstart, machine_facts, results_path, write_json)
+from interop.torch_mirrors import TorchResNetCIFAR
+from jaxcomposer import ComposerClassifier
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
-from torch_bridge.reference_models import TorchResNetCIFAR
-from common import fashion_mnist_batches, machine_facts as shared_machine_facts  # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
 NAME = "bridge_speed"
-SIDES = ("torch", "bridged", "native")
 
 
-def machine_facts() -> dict:
-    return shared_machine_facts(torch_threads=torch.get_num_threads())
-
-
-def load_quickstart(path: Path) -> dict:
-    cfg = yaml.safe_load(path.read_text())
-    opt = dict(cfg["optimizer"])
-    if opt.pop("name") != "decoupled_sgdw":
-        raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
-    model = {"num_classes": 10, "in_channels": 1, **{k: v for k, v in cfg["model"].items() if k != "name"}}
-    return {"model": model, "batch_size": int(cfg["data"]["batch_size"]), "lr": float(opt["lr"]),
-            "momentum": float(opt.get("momentum", 0.9)), "nesterov": bool(opt.get("nesterov", False)),
-            "seed": int(cfg.get("seed", 0))}
-
-
+def quickstart_setup(path: Path) -> dict:
+    """The quickstart config with this benchmark's model defaults (10 classes, 1 channel) and SGD fields."""
+    q = load_quickstart(path)
+    opt = q.pop("optimizer")
+    return {**q, "model": {"num_classes": 10, "in_channels": 1, **q["model"]}, "lr": float(opt["lr"]),
+            "momentum": float(opt.get("momentum", 0.9)), "nesterov": bool(opt.get("nesterov", False))}
 
 
 def to_nchw(pool: list[dict]) -> list[dict]:
     return [{"input": np.ascontiguousarray(b["input"].transpose(0, 3, 1, 2)), "target": b["target"]} for b in pool]
-
-
-class CyclingLoader:
-    """``steps`` batches per epoch, cycling through the shared pool of numpy batches."""
-
-    def __init__(self, pool: list[dict], steps: int):
-        self.pool, self.steps, self.offset = pool, steps, 0
-
-    def __len__(self):
-        return self.steps
-
-    def set_state(self, state: dict) -> None:
-        # The Trainer seeks here at every fit(): batches its prefetcher read ahead before the last stop are served
-        # again, so the Trainer sides train on exactly the batch sequence the torch side does.
-        self.offset = state["epoch"] * self.steps + state["batch_index"]
-
-    def __iter__(self):
-        for i in range(self.offset, self.offset + self.steps - self.offset % self.steps):
-            yield self.pool[i % len(self.pool)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -104,7 +71,7 @@ class TorchSide:
     def __init__(self, module: torch.nn.Module, q: dict, pool_nchw: list[dict]):
         self.model = module.train()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=q["lr"], momentum=q["momentum"],
-                                   nesterov=q["nesterov"], weight_decay=0.0)
+                           nesterov=q["nesterov"], weight_decay=0.0)
         self.pool = [(torch.from_numpy(b["input"]), torch.from_numpy(b["target"]).long()) for b in pool_nchw]
         self.i, self.last_loss = 0, None
 
@@ -121,56 +88,34 @@ class TorchSide:
         return time.perf_counter() - t0
 
 
-class TrainerSide:
-    def __init__(self, model, q: dict, pool: list[dict], steps: int, total: int):
-        self.trainer = Trainer(model=ComposerClassifier(model, num_classes=10),
-                               train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
-                               max_duration=f"{total}ba",
-                               optimizers=DecoupledSGDW(lr=q["lr"], momentum=q["momentum"], nesterov=q["nesterov"],
-                                                        weight_decay=0.0),
-                               schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
-                               seed=q["seed"], devices=jax.devices()[:1])
-        self.done = 0
-
-    def run(self, n: int) -> float:
-        """Train ``n`` more batches; returns seconds (ends synced)."""
-        self.done += n
-        # Trainer.fit() has no duration argument: move the stopping point (total_steps stays as built; it only
-        # matters to schedulers/EMA, and there are none here).
-        self.trainer.max_duration = Time(self.done, TimeUnit.BATCH)
-        self.trainer.state.max_duration = self.trainer.max_duration
-        t0 = time.perf_counter()
-        self.trainer.fit()
-        jax.block_until_ready(self.trainer.state.train_state)
-        return time.perf_counter() - t0
-
-    @property
-    def last_loss(self) -> float:
-        return float(self.trainer.state.batch_metrics["loss"])
+def trainer_side(model, q: dict, pool: list[dict], steps: int, total: int) -> TrainerSide:
+    return TrainerSide(model=ComposerClassifier(model, num_classes=10),
+                       train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
+                       max_duration=f"{total}ba",
+                       optimizers=DecoupledSGDW(lr=q["lr"], momentum=q["momentum"], nesterov=q["nesterov"],
+                                                weight_decay=0.0),
+                       schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
+                       seed=q["seed"], devices=jax.devices()[:1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    ap.add_argument("--steps", type=int, default=100, help="steps per timed round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (the first one alone: compile)")
+    add_round_args(ap, warmup_help="untimed steps first (the first one alone: compile)")
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--static-batch", action="store_true",
                     help="from_torch(dynamic_batch=False) instead of the Trainer's default dynamic batch dim")
     ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
+    args.out = results_path(NAME, args.smoke, args.out)
     if args.smoke:
         args.steps, args.rounds, args.warmup = 3, 3, 2
-        if args.out == ap.get_default("out"):
-            args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
     if args.warmup < 1 or args.steps < 1 or args.rounds < 1:
         ap.error("--warmup, --steps and --rounds must be >= 1")
     torch.set_num_threads(args.torch_threads)
 
-    q = load_quickstart(Path(args.config))
+    q = quickstart_setup(Path(args.config))
     bs = q["batch_size"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
     pool_nchw = to_nchw(pool)
@@ -181,12 +126,12 @@ def main(argv=None) -> int:
     torch_copy = copy.deepcopy(module)  # torch trains the copy; the bridge converts the original (same weights)
     t0 = time.perf_counter()
     bm = torch_bridge.from_torch(module, (torch.from_numpy(pool_nchw[0]["input"]),),
-                                 dynamic_batch=not args.static_batch)
+                         dynamic_batch=not args.static_batch)
     convert_s = time.perf_counter() - t0
 
     sides = {"torch": TorchSide(torch_copy, q, pool_nchw),
-             "bridged": TrainerSide(bm, q, pool_nchw, args.steps, total),
-             "native": TrainerSide(ResNetCIFAR(**q["model"], rngs=nnx.Rngs(q["seed"])), q, pool, args.steps, total)}
+             "bridged": trainer_side(bm, q, pool_nchw, args.steps, total),
+             "native": trainer_side(ResNetCIFAR(**q["model"], rngs=nnx.Rngs(q["seed"])), q, pool, args.steps, total)}
     first_step, warm = {}, {}
     for name, side in sides.items():  # first step alone (compile for JAX), then the rest of the warm-up
         first_step[name] = round(side.run(1), 3)
@@ -213,27 +158,27 @@ def main(argv=None) -> int:
                "final_loss": {k: round(s.last_loss, 5) for k, s in sides.items()}}
 
     out = {"benchmark": NAME, "smoke": args.smoke,
-           "goal": "bridged within 10% of native (median ratio bridged/native >= 0.90)", "machine": machine_facts(),
+           "goal": "bridged within 10% of native (median ratio bridged/native >= 0.90)",
+           "machine": machine_facts(torch_threads=torch.get_num_threads()),
            "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": "resnet_cifar", **q["model"]},
                      "batch_size": bs, "optimizer": {"lr": q["lr"], "momentum": q["momentum"],
-                                                     "nesterov": q["nesterov"], "weight_decay": 0.0,
-                                                     "torch": "torch.optim.SGD", "jax": "DecoupledSGDW"},
+                                             "nesterov": q["nesterov"], "weight_decay": 0.0,
+                                             "torch": "torch.optim.SGD", "jax": "DecoupledSGDW"},
                      "loss": "cross-entropy on integer targets, mean over the batch (torch: F.cross_entropy; "
                              "Trainer: soft cross-entropy)",
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
                      "layouts": {"torch": "NCHW (contiguous)", "bridged": "NCHW", "native": "NHWC"},
                      "bridge": {"dynamic_batch": not args.static_batch, "params": len(bm.params),
-                                "buffers": len(bm.buffers)},
+                        "buffers": len(bm.buffers)},
                      "torch_threads": args.torch_threads,
                      "devices": "JAX: single CPU device, Trainer(devices=jax.devices()[:1])",
                      "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,
                      "sync": "no per-step loss read; JAX rounds end with block_until_ready",
                      "final_loss_note": "torch vs bridged drift is torch fp32 CPU gradient rounding (bridged grads "
-                                        "match a float64 torch reference to ~1e-6, torch fp32 to ~1e-2)"},
+                                "match a float64 torch reference to ~1e-6, torch fp32 to ~1e-2)"},
            "convert_s": round(convert_s, 3), "first_step_s": first_step, "rest_of_warmup_s": warm,
            "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
 
     print(f"\n{NAME}: batch {bs}, {args.rounds} rounds x {args.steps} steps, data: {source.split(' (')[0]}, "
           f"torch threads {args.torch_threads}{'  [SMOKE]' if args.smoke else ''}")

@@ -4,7 +4,6 @@ Writes benchmarks/results/checkpoint_timing.json; prints a table last."""
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -14,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import machine_facts
+from common import machine_facts, pause_callback, results_path, write_json
 from jaxcomposer import Trainer
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
@@ -24,8 +23,6 @@ from jaxcomposer.models.tasks import ComposerClassifier
 from jaxcomposer.optim import DecoupledSGDW
 from jaxcomposer.trainer.checkpoint import CheckpointStore
 from flax import nnx
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def time_store(state, folder: Path) -> dict:
@@ -46,7 +43,7 @@ def time_store(state, folder: Path) -> dict:
             "restore_verified_s": round(t_restore, 3), "bytes_on_disk": size}
 
 
-def quickstart_trainer(steps: int, save_folder=None, every: str = "20ba") -> Trainer:
+def quickstart_trainer(steps: int, save_folder=None, every: str = "20ba", callbacks=None) -> Trainer:
     rng = np.random.default_rng(0)
     data = {"input": rng.standard_normal((128 * 8, 28, 28, 1), dtype=np.float32),
             "target": rng.integers(0, 10, 128 * 8).astype(np.int32)}
@@ -54,7 +51,7 @@ def quickstart_trainer(steps: int, save_folder=None, every: str = "20ba") -> Tra
                                           rngs=nnx.Rngs(0)))
     return Trainer(model=task, train_dataloader=ArrayLoader(data, 128), max_duration=f"{steps}ba",
                    optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), progress_bar=False, seed=0,
-                   save_folder=save_folder, save_interval=every, devices=jax.devices()[:1])
+                   save_folder=save_folder, save_interval=every, devices=jax.devices()[:1], callbacks=callbacks)
 
 
 def main() -> None:
@@ -77,9 +74,11 @@ def main() -> None:
         steps = 40 if args.smoke else 200
         timing = {}
         for label, folder in (("no_saving", None), ("async_save_every_20ba", tmp / "train")):
-            t = quickstart_trainer(steps, folder)
-            t.fit()  # compile + warm
-            t.max_duration = type(t.max_duration)(2 * steps, "ba")
+            pause = pause_callback()
+            pause.at = steps
+            t = quickstart_trainer(2 * steps, folder, callbacks=[pause])
+            t.fit()  # compile + warm: the first half of the planned run
+            pause.at = 2 * steps
             t0 = time.perf_counter()
             t.fit()
             jax.block_until_ready(t.state.train_state)
@@ -89,11 +88,9 @@ def main() -> None:
         results["step_ms"] = timing
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
-        "checkpoint_timing.smoke.json" if args.smoke else "checkpoint_timing.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "checkpoint_timing", "smoke": args.smoke, "machine": machine_facts(),
-                               "results": results}, indent=1))
+    out = results_path("checkpoint_timing", args.smoke, args.out)
+    write_json(out, {"benchmark": "checkpoint_timing", "smoke": args.smoke, "machine": machine_facts(),
+                     "results": results}, indent=1)
     print(f"\n{'state':<30}{'save() s':>10}{'committed s':>13}{'restore s':>11}{'MB':>9}")
     for k, v in results.items():
         if k != "step_ms":

@@ -1,13 +1,21 @@
-"""What the benchmark scripts share: the machine facts recorded beside every result, and the input batches."""
+"""What the benchmark scripts share: the machine facts recorded beside every result, where results are written, the
+quickstart config, the input batches, and the pieces of the Trainer-vs-something throughput harnesses."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 
-def machine_facts(**extra) -> dict:
-    """CPU, platform, library versions, JAX devices, load and date; ``extra`` adds script-specific facts."""
+def host_facts(**extra) -> dict:
+    """CPU, platform, library versions, load and date, without importing JAX (for a parent that only watches a
+    child process); ``extra`` adds script-specific facts."""
     from importlib import metadata
 
     def version(dist: str):
@@ -16,18 +24,57 @@ def machine_facts(**extra) -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    import jax
     facts = {
         "cpu_count": os.cpu_count(),
         "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         **{name: version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch", "jaxcomposer")},
-        "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
         "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     return {**facts, **extra}
+
+
+def machine_facts(**extra) -> dict:
+    """:func:`host_facts` plus the JAX backend and devices; ``extra`` adds script-specific facts."""
+    import jax
+    return host_facts(jax_backend=jax.default_backend(), jax_devices=[str(d) for d in jax.devices()], **extra)
+
+
+def results_path(name: str, smoke: bool, out: str | None = None) -> Path:
+    """``--out`` when given, else ``benchmarks/results/<name>.json`` (``<name>.smoke.json`` for a smoke run, which
+    git ignores, so checking a script never overwrites a measured result)."""
+    return Path(out) if out else RESULTS / f"{name}{'.smoke' if smoke else ''}.json"
+
+
+def write_json(path: Path | str, obj: dict, indent: int = 2) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=indent) + "\n")
+
+
+def add_round_args(ap, warmup_help: str) -> None:
+    """``--config`` (the quickstart by default), ``--steps``, ``--rounds``, ``--warmup``: the interleaved-rounds
+    options of the throughput benchmarks."""
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--steps", type=int, default=100, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=10, help=warmup_help)
+
+
+def load_quickstart(path: Path | str) -> dict:
+    """``configs/quickstart.yaml`` as the throughput benchmarks use it: ``model`` kwargs (without ``name``),
+    ``batch_size``, ``optimizer`` kwargs of its ``decoupled_sgdw`` (without ``name``) and ``seed``."""
+    import yaml
+
+    path = Path(path)
+    cfg = yaml.safe_load(path.read_text())
+    opt = dict(cfg["optimizer"])
+    if opt.pop("name") != "decoupled_sgdw":
+        raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
+    return {"model": {k: v for k, v in cfg["model"].items() if k != "name"},
+            "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0))}
 
 
 def fashion_mnist_batches(batch_size: int, count: int, seed: int) -> tuple[list[dict], str]:
@@ -51,3 +98,65 @@ def fashion_mnist_batches(batch_size: int, count: int, seed: int) -> tuple[list[
     x = normalize_images(x, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
     return [{"input": np.ascontiguousarray(x[i * batch_size:(i + 1) * batch_size]),
              "target": np.ascontiguousarray(y[i * batch_size:(i + 1) * batch_size])} for i in range(count)], source
+
+
+class CyclingLoader:
+    """``steps`` batches per epoch, cycling through a shared pool of numpy batches."""
+
+    def __init__(self, pool: list[dict], steps: int):
+        self.pool, self.steps, self.offset = pool, steps, 0
+
+    def __len__(self):
+        return self.steps
+
+    def set_state(self, state: dict) -> None:
+        # The Trainer seeks here at every fit(): batches its prefetcher read ahead before the last stop are served
+        # again, so a Trainer side trains on exactly the batch sequence of a side that cycles the pool by hand.
+        self.offset = state["epoch"] * self.steps + state["batch_index"]
+
+    def __iter__(self):
+        for i in range(self.offset, self.offset + self.steps - self.offset % self.steps):
+            yield self.pool[i % len(self.pool)]
+
+
+def pause_callback():
+    """A callback whose ``at`` attribute stops ``fit()`` after that batch without touching the run's plan, so a
+    benchmark times one long run in chunks with one compiled step (``fit(duration=...)`` would re-plan the run
+    and compile again)."""
+    from jaxcomposer import Callback
+
+    class PauseAt(Callback):
+        at = 0
+
+        def batch_end(self, state, logger):
+            if state.timestamp.batch >= self.at:
+                state.stop_training("benchmark: chunk done")
+
+    return PauseAt()
+
+
+class TrainerSide:
+    """A ``Trainer`` (built from these keyword arguments) trained ``n`` more batches at a time, timed: one side of
+    an interleaved comparison."""
+
+    def __init__(self, **trainer_kwargs):
+        from jaxcomposer import Trainer
+
+        self.pause = pause_callback()
+        callbacks = list(trainer_kwargs.pop("callbacks", None) or [])
+        self.trainer, self.done = Trainer(callbacks=callbacks + [self.pause], **trainer_kwargs), 0
+
+    def run(self, n: int) -> float:
+        """Train ``n`` more batches; returns seconds (ends synced)."""
+        import jax
+
+        self.done += n
+        self.pause.at = self.done
+        t0 = time.perf_counter()
+        self.trainer.fit()
+        jax.block_until_ready(self.trainer.state.train_state)
+        return time.perf_counter() - t0
+
+    @property
+    def last_loss(self) -> float:
+        return float(self.trainer.state.batch_metrics["loss"])

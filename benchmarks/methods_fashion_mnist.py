@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from common import machine_facts
+from common import ROOT, machine_facts, results_path, write_json
 from jaxcomposer import Trainer
 from jaxcomposer import config as config_lib
 from jaxcomposer.core.events import Callback
@@ -34,8 +34,6 @@ from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerClassifier
 from jaxcomposer.optim import CosineAnnealingWithWarmupScheduler, DecoupledSGDW
 from jaxcomposer.runner import _NORMALIZATION, NormalizedLoader, _with_normalization
-
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.91
 
 # (label, [(registry name, kwargs), ...]): Composer's defaults unless a short run needs otherwise
@@ -165,12 +163,10 @@ def main() -> None:
     base = {r["seed"]: r for r in results if r["label"] == "baseline"}
     for r in results:
         r["throughput_cost_pct"] = round(100 * (r["ms_per_batch"] / base[r["seed"]]["ms_per_batch"] - 1), 1)
-    stem = "methods_fashion_mnist" + (".smoke" if args.smoke else "")
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"{stem}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "methods_fashion_mnist", "smoke": args.smoke, "budget_s": budget,
-                               "epochs": args.epochs, "target": TARGET, "eval_images": eval_batches * 1000,
-                               "machine": machine_facts(), "results": results}, indent=1))
+    out = results_path("methods_fashion_mnist", args.smoke, args.out)
+    write_json(out, {"benchmark": "methods_fashion_mnist", "smoke": args.smoke, "budget_s": budget,
+                     "epochs": args.epochs, "target": TARGET, "eval_images": eval_batches * 1000,
+                     "machine": machine_facts(), "results": results}, indent=1)
     plot(results, out.with_suffix(".png"), budget)
     print(f"\n{'method':<30}{'seed':>5}{'cost %':>8}{'ms/batch':>10}{'acc@budget':>12}{'t to 91% s':>12}")
     for r in results:

@@ -11,10 +11,8 @@ Run:  .venv/bin/python benchmarks/peak_memory.py             (the full quickstar
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -23,21 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, host_facts, results_path, write_json  # benchmarks/common.py
+
 NAME = "peak_memory"
 BUDGET_GIB = 3.0
 GIB = 1024 ** 3
 
 
 def machine_facts() -> dict:
-    from importlib import metadata
-
-    def version(pkg):
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
+    """The host's facts and its total memory; JAX is not imported here, only in the measured child."""
     mem_total = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -45,13 +37,7 @@ def machine_facts() -> dict:
                 mem_total = round(int(line.split()[1]) * 1024 / GIB, 2)
     except OSError:
         pass
-    return {"cpu_count": os.cpu_count(),
-            "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "mem_total_gib": mem_total, "jax": version("jax"),
-            "jaxlib": version("jaxlib"), "flax": version("flax"), "optax": version("optax"),
-            "torch": version("torch"), "jaxcomposer": version("jaxcomposer"),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    return host_facts(mem_total_gib=mem_total)
 
 
 def read_status(pid: int) -> dict[str, int]:
@@ -82,10 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", default=None, help="run_dir for the child (default: a temporary folder)")
     ap.add_argument("--interval", type=float, default=0.05, help="seconds between /proc polls")
     ap.add_argument("--smoke", action="store_true", help="5 batches and 1 eval batch: checks the script")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
-    if args.smoke and args.out == ap.get_default("out"):
-        args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
+    args.out = results_path(NAME, args.smoke, args.out)
 
     tmp = tempfile.mkdtemp(prefix="jaxcomposer-peakmem-")
     run_dir = args.run_dir or tmp
@@ -135,8 +120,7 @@ def main(argv=None) -> int:
               "child_summary": summary}
     if child.returncode != 0:
         result["child_stderr_tail"] = stderr_tail
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     if args.run_dir is None:
         shutil.rmtree(tmp, ignore_errors=True)
 

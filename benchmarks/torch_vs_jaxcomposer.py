@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-from common import machine_facts as shared_machine_facts  # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, machine_facts as shared_machine_facts, results_path, write_json  # benchmarks/common.py
+
 NAME = "torch_vs_jaxcomposer"
 TARGET_ACC = 0.91
 
@@ -360,10 +358,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=["torch", "jax"], default=None)
     ap.add_argument("--torch-memory-format", choices=["channels_last", "contiguous"], default="channels_last")
     ap.add_argument("--smoke", action="store_true", help="1 epoch of 5 batches, 1 eval batch: checks the script")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
-    if args.smoke and args.out == ap.get_default("out"):
-        args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
+    args.out = results_path(NAME, args.smoke, args.out)
 
     s = load_setup(args.config, args.epochs, args.smoke)
     s["torch_memory_format"] = args.torch_memory_format
@@ -388,8 +385,7 @@ def main(argv=None) -> int:
                      "known_differences": ["BN running variance: torch keeps the unbiased batch variance, flax the "
                                            "biased one", "weight init draws differ (same distributions)"]},
            "target_accuracy": TARGET_ACC, "sides": sides}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
 
     names = list(sides)
     print(f"\n{NAME}: {s['info'].name}, {s['epochs']} epoch(s) x {s['steps_per_epoch']} steps, batch "

@@ -19,7 +19,6 @@ Run:  .venv/bin/python benchmarks/trainer_overhead.py            (full)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,52 +26,17 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import yaml
 from flax import nnx
 
-import jaxcomposer
-from jaxcomposer import ComposerClassifier, Trainer
+from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
+                    load_quickstart, machine_facts, results_path, write_json)
+from jaxcomposer import ComposerClassifier
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.model import soft_cross_entropy
-from jaxcomposer.core.time import Time, TimeUnit
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
-from common import fashion_mnist_batches, machine_facts as shared_machine_facts  # benchmarks/common.py
 
-ROOT = Path(__file__).resolve().parent.parent
 NAME = "trainer_overhead"
-
-
-def machine_facts() -> dict:
-    return shared_machine_facts()
-
-
-def load_quickstart(path: Path) -> dict:
-    cfg = yaml.safe_load(path.read_text())
-    opt = dict(cfg["optimizer"])
-    if opt.pop("name") != "decoupled_sgdw":
-        raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
-    model = {k: v for k, v in cfg["model"].items() if k != "name"}
-    return {"model": model, "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt,
-            "seed": int(cfg.get("seed", 0))}
-
-
-
-
-class CyclingLoader:
-    """``steps`` batches per epoch, cycling through the shared pool of numpy batches."""
-
-    def __init__(self, pool: list[dict], steps: int):
-        self.pool, self.steps = pool, steps
-
-    def __len__(self):
-        return self.steps
-
-    def __iter__(self):
-        for i in range(self.steps):
-            yield self.pool[i % len(self.pool)]
 
 
 class ReadLoss(Callback):
@@ -83,28 +47,14 @@ class ReadLoss(Callback):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-class TrainerSide:
-    def __init__(self, q: dict, pool: list[dict], steps: int, total: int, read_loss: bool):
-        module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
-        self.trainer = Trainer(model=ComposerClassifier(module, num_classes=10),
-                               train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
-                               max_duration=f"{total}ba", optimizers=DecoupledSGDW(**q["optimizer"]),
-                               schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
-                               seed=q["seed"], devices=jax.devices()[:1],
-                               callbacks=[ReadLoss()] if read_loss else None)
-        self.done = 0
-
-    def run(self, n: int) -> float:
-        """Train ``n`` more batches; returns seconds (ends synced)."""
-        self.done += n
-        # Trainer.fit() has no duration argument: move the stopping point (total_steps stays as built, which
-        # only matters to schedulers/EMA, and there are none here).
-        self.trainer.max_duration = Time(self.done, TimeUnit.BATCH)
-        self.trainer.state.max_duration = self.trainer.max_duration
-        t0 = time.perf_counter()
-        self.trainer.fit()
-        jax.block_until_ready(self.trainer.state.train_state)
-        return time.perf_counter() - t0
+def trainer_side(q: dict, pool: list[dict], steps: int, total: int, read_loss: bool) -> TrainerSide:
+    module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
+    return TrainerSide(model=ComposerClassifier(module, num_classes=10),
+                       train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
+                       max_duration=f"{total}ba", optimizers=DecoupledSGDW(**q["optimizer"]),
+                       schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
+                       seed=q["seed"], devices=jax.devices()[:1],
+                       callbacks=[ReadLoss()] if read_loss else None)
 
 
 class HandSide:
@@ -138,7 +88,7 @@ class HandSide:
             self.i += 1
             x, y = jax.device_put(b["input"]), jax.device_put(b["target"])
             self.params, self.bn_state, self.opt_state, loss = self.step(self.params, self.bn_state,
-                                                                         self.opt_state, x, y)
+                                                                 self.opt_state, x, y)
             if self.read_loss:
                 self.last = float(loss)
         jax.block_until_ready((self.params, self.bn_state, self.opt_state))
@@ -148,18 +98,14 @@ class HandSide:
 # ---------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    ap.add_argument("--steps", type=int, default=100, help="steps per timed round")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (includes compile)")
+    add_round_args(ap, warmup_help="untimed steps first (includes compile)")
     ap.add_argument("--modes", default="loss,async", help="comma list of sync modes: loss, async")
     ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{NAME}.json"))
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
+    args.out = results_path(NAME, args.smoke, args.out)
     if args.smoke:
         args.steps, args.rounds, args.warmup = 4, 2, 2
-        if args.out == ap.get_default("out"):
-            args.out = str(ROOT / "benchmarks" / "results" / f"{NAME}.smoke.json")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("loss", "async") for m in modes):
         ap.error("--modes: a comma list of 'loss' and 'async'")
@@ -171,7 +117,7 @@ def main(argv=None) -> int:
 
     sides = {}
     for m in modes:
-        sides[("trainer", m)] = TrainerSide(q, pool, args.steps, total, read_loss=(m == "loss"))
+        sides[("trainer", m)] = trainer_side(q, pool, args.steps, total, read_loss=(m == "loss"))
         sides[("hand", m)] = HandSide(q, pool, read_loss=(m == "loss"))
     warm = {}
     for key, side in sides.items():  # warm-up: compile + first steps, untimed in the rounds
@@ -202,14 +148,13 @@ def main(argv=None) -> int:
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
                      "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,
                      "devices": "single CPU device: Trainer(devices=jax.devices()[:1]); hand loop unsharded "
-                                "jax.device_put to the default device",
+                        "jax.device_put to the default device",
                      "loss": "soft cross-entropy on integer targets (mean over the batch), both sides",
                      "modes": {"loss": "loss read on the host every step on both sides (hand: float(loss); "
-                                       "trainer: BATCH_END callback float(batch_metrics['loss']))",
-                               "async": "no per-step read; each round ends with block_until_ready"}},
+                               "trainer: BATCH_END callback float(batch_metrics['loss']))",
+                       "async": "no per-step read; each round ends with block_until_ready"}},
            "warmup_s": warm, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
 
     print(f"\n{NAME}: batch {bs}, {args.rounds} rounds x {args.steps} steps, data: {source.split(' (')[0]}"
           f"{'  [SMOKE]' if args.smoke else ''}")

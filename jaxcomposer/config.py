@@ -19,18 +19,12 @@ import yaml
 
 from jaxcomposer import algorithms as algorithms_lib
 from jaxcomposer import callbacks as callbacks_lib
+from jaxcomposer import models as models_lib
 from jaxcomposer import optim
 from jaxcomposer.core.time import Time
-from jaxcomposer.errors import JaxComposerError
+from jaxcomposer.errors import ConfigError
 
 
-class ConfigError(JaxComposerError, ValueError):
-    """Every problem found in a config, one per line: ``dotted.path: message``."""
-
-    def __init__(self, problems: list[tuple[str, str]]):
-        self.problems = problems
-        lines = "\n".join(f"  {loc or '<root>'}: {msg}" for loc, msg in problems)
-        super().__init__(f"{len(problems)} problem(s) in the config:\n{lines}")
 
 
 def snake(name: str) -> str:
@@ -69,7 +63,7 @@ def lookup(registry: Mapping[str, Callable], name: Any) -> str | None:
     return next((k for k in registry if k.replace("_", "") == want), None)
 
 
-MODELS = ("mlp", "resnet_cifar", "gpt")
+MODELS = tuple(models_lib.BUILDERS)
 DATASETS = ("fashion_mnist", "digits", "stdlib_text")
 
 
@@ -218,8 +212,8 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
         if name not in MODELS:
             problems.append(("model.name", f"got {name!r}, expected one of {list(MODELS)}{_did_you_mean(str(name), MODELS)}"))
         else:
-            from jaxcomposer.runner import model_builder  # the builder's signature is the schema
-            problems += _check_kwargs("model", model_builder(name), {k: v for k, v in model.items() if k != "name"},
+            # the builder's signature is the schema
+            problems += _check_kwargs("model", models_lib.BUILDERS[name], {k: v for k, v in model.items() if k != "name"},
                                       build=False)
             data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}
             is_text = data.get("name", DataConfig().name) == "stdlib_text"

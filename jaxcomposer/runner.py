@@ -5,7 +5,7 @@ import dataclasses
 import inspect
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from flax import nnx
@@ -40,11 +40,6 @@ def fresh_run_dir(parent: Path, run_name: str) -> Path:
         n += 1
         candidate = parent / f"{run_name}-{n}"
     return candidate
-
-
-def model_builder(name: str) -> Callable:
-    """The model class for a config's ``model.name``; its constructor's keywords are the config keys."""
-    return {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "gpt": GPT}[name]
 
 
 class NormalizedLoader:

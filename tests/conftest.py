@@ -1,15 +1,39 @@
-"""Strict JAX for every test: rank promotion raises, and two fake CPU devices exist so sharded code is exercised."""
+"""Strict JAX for every test: rank promotion raises, and two fake CPU devices exist so sharded code is exercised.
+
+Compiled executables are shared across the whole run (both xdist workers and the subprocesses tests start)
+through JAX's persistent compilation cache in a directory made fresh for each run: many tests build the same
+step for the same model and recipe (the contract's straight and resumed Trainers, the composition table), and
+the second build then costs a trace instead of an XLA compile. Fresh per run, so a run never reuses another's.
+"""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=2").strip()
 
+_CACHE_ENV = "JAXCOMPOSER_TEST_COMPILE_CACHE"
+if _CACHE_ENV not in os.environ:  # the controller (or a lone pytest) makes it; xdist workers inherit it
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxcomposer-test-xla-")
+    _OWNS_CACHE = True
+else:
+    _OWNS_CACHE = False
+# JAX reads these at its first compile, in this process and in subprocesses the tests start
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_CACHE_ENV]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_unconfigure(config):
+    if _OWNS_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)
 
 
 @pytest.fixture

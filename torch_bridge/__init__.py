@@ -1,4 +1,4 @@
-"""torch_bridge: run a PyTorch ``nn.Module`` as a pure JAX model (reference/bridge.md §3).
+"""torch_bridge: run a PyTorch ``nn.Module`` as a pure JAX model (docs/design.md, section 'The torch bridge').
 
 ``from_torch(module, example_inputs)`` exports the module's train and eval graphs with ``torch.export``, lowers
 every ATen op through the table in ``torch_bridge/ops`` and returns a :class:`BridgedModel` with flat

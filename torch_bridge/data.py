@@ -1,6 +1,6 @@
 """Feed torch data to jaxcomposer's jitted ``Trainer``: numpy dict batches, never torch tensors.
 
-Two entry points (``bridge.md`` §4):
+Two entry points:
 
 * ``from_dataset(ds, batch_size, ...)`` -- the preferred path. A map-style torch ``Dataset`` (``__len__`` +
   ``__getitem__``) is read through grain's index pipeline exactly like ``jaxcomposer.data.ArrayLoader``: the order

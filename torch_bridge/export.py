@@ -4,7 +4,7 @@ Why two graphs: the mode is baked into an export (dropout disappears in eval, Ba
 ``_native_batch_norm_legit_no_training``), so both are exported once and share one params/buffers pytree.
 Why ``run_decompositions({})``: it functionalizes (in-place buffer updates become ``BUFFER_MUTATION`` outputs)
 without decomposing conv2d/linear/layer_norm/SDPA/embedding, so SDPA still maps to ``jax.nn.dot_product_attention``
-(reference/bridge.md §1c).
+(a full decomposition would turn it into matmul + softmax).
 """
 from __future__ import annotations
 
@@ -17,22 +17,9 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
+from jaxcomposer.errors import UnsupportedOpError  # re-exported as torch_bridge.UnsupportedOpError
+
 from . import interpreter
-
-
-class UnsupportedOpError(NotImplementedError):
-    """Raised by ``from_torch`` when the exported graphs use ops with no JAX lowering.
-
-    ``ops`` maps each missing op's name to the places (module path, class, source line) that use it.
-    """
-
-    def __init__(self, ops: dict[str, list[str]]):
-        self.ops = ops
-        lines = ["torch_bridge: no JAX lowering for these ops (add them under torch_bridge/ops/):"]
-        for name, where in ops.items():
-            lines.append(f"  {name}")
-            lines.extend(f"      used by {w}" for w in where)
-        super().__init__("\n".join(lines))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``from_torch`` and ``BridgedModel``: a torch ``nn.Module`` as pure JAX ``(params, buffers, apply)``.
 
-State layout (reference/bridge.md §3.4, §3.6):
+State layout (docs/design.md, section 'The torch bridge'):
 - ``params``: flat ``{state_dict name: jax array}`` of parameters, torch layouts (OIHW, (out, in) linear weights).
   Tied weights appear once, under the first name torch lists; the other names are ``aliases`` and receive the same
   array inside ``apply``, so their gradients sum like torch's.

@@ -1,4 +1,4 @@
-"""Torch-level module surgery, run on the ``nn.Module`` before export (reference/bridge.md §2.4, §3 item 5).
+"""Torch-level module surgery, run on the ``nn.Module`` before export, so the exported graph already has the change.
 
 ``replace_module_classes`` follows Composer's ``composer/utils/module_surgery.py``: policies map a module class to
 ``(module, module_index) -> replacement | None``; children are visited breadth-first from the root in

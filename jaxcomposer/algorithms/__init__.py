@@ -1,69 +1,48 @@
 """Speedup methods: Composer's class names and hyperparameters, each a factory returning a ``Method``.
 
-One file per method holds its functional form, its factory and its method card (the module docstring).
+One file per method holds its functional form, its factory, its method card (the module docstring) and its
+``ENTRY`` (:class:`jaxcomposer.core.method.MethodEntry`). This package imports every such file and exports each
+factory and functional form under its own name, so ``from jaxcomposer.algorithms import MixUp`` works and a new
+method needs no edit here.
 """
-from jaxcomposer.algorithms.augmix import AugMix, augmix_image
-from jaxcomposer.algorithms.blurpool import BlurPool, apply_blurpool
-from jaxcomposer.algorithms.colout import ColOut, colout_batch
-from jaxcomposer.algorithms.cutmix import CutMix, cutmix_batch
-from jaxcomposer.algorithms.cutout import CutOut, cutout_batch
-from jaxcomposer.algorithms.ema import EMA, compute_ema
-from jaxcomposer.algorithms.gradient_clipping import GradientClipping, apply_gradient_clipping
-from jaxcomposer.algorithms.label_smoothing import LabelSmoothing, smooth_labels
-from jaxcomposer.algorithms.layer_freezing import LayerFreezing, freeze_layers
-from jaxcomposer.algorithms.mixup import MixUp, mixup_batch
-from jaxcomposer.algorithms.progressive_resizing import ProgressiveResizing, resize_batch
-from jaxcomposer.algorithms.randaugment import RandAugment, randaugment_image
-from jaxcomposer.algorithms.sam import SAM, apply_sam
-from jaxcomposer.algorithms.selective_backprop import SelectiveBackprop, select_using_loss, should_selective_backprop
-from jaxcomposer.algorithms.seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length
-from jaxcomposer.algorithms.swa import SWA
+from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
+
+from jaxcomposer.core.method import MethodEntry
+
+
+def _discover() -> tuple[MethodEntry, ...]:
+    entries = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        entry = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ENTRY", None)
+        if entry is not None:
+            entries.append(entry)
+    return tuple(entries)
+
+
+ENTRIES: tuple[MethodEntry, ...] = _discover()
 # Composer's registry spellings (``composer/algorithms/algorithm_registry.py``) -> factory name in this package;
 # the config loader resolves YAML ``algorithms:`` entries through it.
-REGISTRY: dict[str, str] = {
-    "augmix": "AugMix",
-    "blurpool": "BlurPool",
-    "colout": "ColOut",
-    "cutmix": "CutMix",
-    "cutout": "CutOut",
-    "ema": "EMA",
-    "gradient_clipping": "GradientClipping",
-    "label_smoothing": "LabelSmoothing",
-    "layer_freezing": "LayerFreezing",
-    "mixup": "MixUp",
-    "progressive_resizing": "ProgressiveResizing",
-    "randaugment": "RandAugment",
-    "sam": "SAM",
-    "selective_backprop": "SelectiveBackprop",
-    "seq_length_warmup": "SeqLengthWarmup",
-    "swa": "SWA",
-}
-
+REGISTRY: dict[str, str] = {e.registry_name: e.factory.__name__ for e in ENTRIES}
+FUNCTIONAL: dict[str, object] = {f.__name__: f for e in ENTRIES for f in e.functional}
+globals().update({e.factory.__name__: e.factory for e in ENTRIES})
+globals().update(FUNCTIONAL)
 
 
 def describe_methods() -> list[tuple[str, str]]:
     """(registry name, one-line description) for every method: the first sentence of its method card's
     "What it does" paragraph."""
-    import importlib
-    import re
-
     out = []
-    for name, factory in sorted(REGISTRY.items()):
-        doc = importlib.import_module(globals()[factory].__module__).__doc__ or ""
+    for e in sorted(ENTRIES, key=lambda e: e.registry_name):
+        doc = importlib.import_module(e.factory.__module__).__doc__ or ""
         what = re.search(r"\*\*What it does\.\*\*\s*(.+?\.)(\s|$)", doc, re.S)
         line = " ".join((what.group(1) if what else doc.strip().splitlines()[0]).split())
-        out.append((name, line))
+        out.append((e.registry_name, line))
     return out
 
 
-__all__ = [
-    "REGISTRY", "describe_methods",
-    "AugMix", "RandAugment", "augmix_image", "randaugment_image",
-    "BlurPool", "ColOut", "CutMix", "CutOut", "EMA", "GradientClipping", "LabelSmoothing", "MixUp",
-    "apply_blurpool", "apply_gradient_clipping", "colout_batch", "compute_ema", "cutmix_batch", "cutout_batch",
-    "mixup_batch", "smooth_labels",
-    "SAM", "SelectiveBackprop", "apply_sam", "select_using_loss", "should_selective_backprop",
-    "LayerFreezing", "SWA", "freeze_layers",
-    "ProgressiveResizing", "SeqLengthWarmup", "resize_batch", "set_batch_sequence_length",
-]
+__all__ = ["ENTRIES", "FUNCTIONAL", "REGISTRY", "describe_methods",
+           *sorted(e.factory.__name__ for e in ENTRIES), *sorted(FUNCTIONAL)]

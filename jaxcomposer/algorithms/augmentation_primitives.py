@@ -19,10 +19,13 @@ NumPy's global state, so a run is reproducible and a resumed run augments exactl
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
+
+if TYPE_CHECKING:  # annotations only: the host-side augmentation itself needs no JAX
+    from jaxcomposer.core.method import StepCtx
 
 __all__ = [
     "AugmentationFn", "augmentation_sets", "autocontrast", "equalize", "posterize", "rotate", "solarize", "shear_x",
@@ -326,10 +329,12 @@ def map_images(f_pil: Callable[[Image.Image, np.random.Generator], Image.Image],
 
 
 def image_data_fn(name: str, f_pil: Callable[[Image.Image, np.random.Generator], Image.Image], input_key: str,
-                  data_format: str, mean, std) -> Callable[[dict, np.random.Generator], dict]:
-    """The ``data`` slot of an image-augmentation Method: ``f_pil`` on every image of ``batch[input_key]``."""
+                  data_format: str, mean, std) -> Callable[[dict, StepCtx], dict]:
+    """The ``data`` slot of an image-augmentation Method, ``data(batch, ctx) -> batch``: ``f_pil`` on every image of
+    ``batch[input_key]``, drawing from ``ctx.key`` (in the host ``data`` slot, the batch's
+    ``numpy.random.Generator``; docs/design.md, "Methods and slots")."""
 
-    def data_fn(batch: dict, rng: np.random.Generator) -> dict:
+    def data_fn(batch: dict, ctx: StepCtx) -> dict:
         if input_key not in batch:
             raise KeyError(f"{name}: the batch has no {input_key!r} entry (keys: {sorted(batch)}); set input_key.")
         x = np.asarray(batch[input_key])
@@ -339,7 +344,7 @@ def image_data_fn(name: str, f_pil: Callable[[Image.Image, np.random.Generator],
                 f"{name}: batch[{input_key!r}] must be a batch of images {layout} with 1 or 3 channels, got shape "
                 f"{x.shape}. {name} augments images; reshape flat inputs to images in the loader (models such as "
                 "MLP flatten them again).")
-        return {**batch, input_key: map_images(f_pil, x, rng, data_format=data_format, mean=mean, std=std,
+        return {**batch, input_key: map_images(f_pil, x, ctx.key, data_format=data_format, mean=mean, std=std,
                                                where=name)}
 
     return data_fn

@@ -26,11 +26,12 @@ paper's second half): this is the augmentation only. Composer also accepts ``dep
 "random 1..3"); here only ``-1`` means random and other values below 1 are an error, because ``depth=0`` reads as
 "no operations".
 
-**How it plugs in.** ``data`` slot: runs on the host on each numpy training batch before it goes to the device
-(Composer inserts a per-sample transform into the torchvision dataset instead). Each image gets its own child of
-the batch's generator, which the Trainer seeds from (run seed, epoch, batch, method name): runs are reproducible
-and a resumed run augments exactly as the uninterrupted one did. Evaluation batches are never augmented. Nothing
-changes inside the jitted step, so it composes with every in-jit method.
+**How it plugs in.** ``data`` slot, ``data(batch, ctx) -> batch`` (docs/design.md, "Methods and slots"): runs on the
+host on each numpy training batch before it goes to the device (Composer inserts a per-sample transform into the
+torchvision dataset instead). Each image gets its own child of the batch's generator ``ctx.key``, which the Trainer
+seeds from (run seed, epoch, batch, method name): runs are reproducible and a resumed run augments exactly as the
+uninterrupted one did. Evaluation batches are never augmented. Nothing changes inside the jitted step, so it
+composes with every in-jit method.
 
 **Reference.** Hendrycks et al., "AugMix: A Simple Data Processing Method to Improve Robustness and Uncertainty",
 ICLR 2020 (arXiv:1912.02781). Composer: ``composer/algorithms/augmix``.
@@ -48,7 +49,7 @@ from jaxcomposer.algorithms.augmentation_primitives import (AugmentationFn, desc
                                                             image_data_fn, map_images, resolve_augmentation_set,
                                                             validate_normalization)
 from jaxcomposer.algorithms.randaugment import _check_severity
-from jaxcomposer.core.method import Method
+from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["augmix_image", "AugMix"]
 
@@ -117,3 +118,7 @@ def AugMix(severity: float = 3, depth: int = -1, width: int = 3, alpha: float = 
     return Method(name="AugMix", data=data_fn,
                   description=(f"AugMix(severity={severity:g}, depth={depth}, width={width}, alpha={alpha:g}, "
                                f"augmentation_set={describe_augmentation_set(augmentation_set)})"))
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="augmix", factory=AugMix, functional=(augmix_image,))

@@ -20,19 +20,21 @@ the stem, are left alone).
 
 **Exact Composer semantics.** As ``composer/algorithms/blurpool``: ``np.max(stride) > 1 and in_channels >=
 min_channels`` selects convs (1x1 projection shortcuts with stride 2 included); every ``MaxPool2d`` is replaced;
-``blur_2d`` zero-pads by ``k // 2`` (not reflect). One deliberate difference on NNX models: convs already inside
-a ``BlurConv`` are skipped, so applying BlurPool twice does not blur twice (Composer's torch surgery, kept as is in
-:mod:`torch_bridge.surgery`, would wrap the inner strided conv again). The torch layers and Composer's ``replace_module_classes`` are in
-:mod:`torch_bridge.surgery`. Unlike Composer, surgery never edits the model in place: it returns a new model (there
-is no optimizer to re-point: ``tx.init`` runs after the ``model`` slot).
+``blur_2d`` zero-pads by ``k // 2`` (not reflect). One deliberate difference on NNX models: convs already inside a
+``BlurConv`` are skipped, so applying BlurPool twice does not blur twice (Composer's torch surgery, kept as is in
+:mod:`torch_bridge.surgery`, would wrap the inner strided conv again). The torch layers and Composer's
+``replace_module_classes`` are in :mod:`torch_bridge.surgery`. Unlike Composer, surgery never edits the model in
+place: it returns a new model (there is no optimizer to re-point: ``tx.init`` runs after the ``model`` slot).
 
-**How it plugs in.** ``model`` slot (host, once, before the optimizer is built). A torch-sourced task is surgered on
-its ``nn.Module`` *before* the bridge exports it, so the exported graph contains the blur. A Flax NNX model is
-cloned and its strided ``nnx.Conv`` submodules (2-D, NHWC) are swapped for :class:`BlurConv`; NNX has no max-pool
-*module* (pooling is a function), so ``replace_maxpools`` has nothing to replace on NNX models.
-Parameter paths of replaced convs gain a ``conv`` segment (``blocks/1/conv1/conv/kernel``; torch:
-``layer.conv.weight``), so checkpoints of the surgered model need BlurPool in the recipe (Composer's
-``required_on_load``).
+**How it plugs in.** ``model`` slot, ``model(task, ctx) -> task`` (host, once, before the optimizer is built; it
+reads nothing from the ctx; docs/design.md, "Methods and slots"). A torch-sourced task is surgered on its
+``nn.Module`` *before* the bridge exports it, so the exported graph contains the blur; that surgery is the one
+torch_bridge's adapter registers under the name ``"BlurPool"`` (:func:`jaxcomposer.core.adapters.surgery`), so this
+module never imports torch. A Flax NNX model is cloned and its strided ``nnx.Conv`` submodules (2-D, NHWC) are
+swapped for :class:`BlurConv`; NNX has no max-pool *module* (pooling is a function), so ``replace_maxpools`` has
+nothing to replace on NNX models. Parameter paths of replaced convs gain a ``conv`` segment
+(``blocks/1/conv1/conv/kernel``; torch: ``layer.conv.weight``), so checkpoints of the surgered model need BlurPool
+in the recipe (Composer's ``required_on_load``).
 
 **Reference.** Zhang, "Making Convolutional Networks Shift-Invariant Again", ICML 2019 (arXiv:1904.11486).
 Composer: ``composer/algorithms/blurpool``.
@@ -47,8 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcomposer.core.method import Method
-from jaxcomposer.core.model import is_torch_module
+from jaxcomposer.core.method import Method, MethodEntry
+from jaxcomposer.core import adapters
 
 __all__ = ["BlurPool", "BlurConv", "NoEffectWarning", "apply_blurpool", "blur_2d"]
 
@@ -163,15 +165,14 @@ def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool
 
 
 def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int):
-    if is_torch_module(model):
-        from torch_bridge.surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
-        new, _ = apply_blurpool_torch(model, replace_convs=replace_convs, replace_maxpools=replace_maxpools,
-                                      blur_first=blur_first, min_channels=min_channels)
-        return new, count_module_instances(new, BlurMaxPool2d), count_module_instances(new, BlurConv2d)
     if isinstance(model, nnx.Module):
         new, _ = _apply_blurpool_nnx(model, replace_convs, blur_first, min_channels)
         # As Composer, count the blur layers in the result (a model blurred before does not warn again).
         return new, 0, sum(isinstance(m, BlurConv) for _, m in nnx.iter_graph(new))
+    foreign = adapters.surgery("BlurPool", model)  # torch_bridge registers the torch layers under this name
+    if foreign is not None:
+        return foreign(model, replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first,
+                       min_channels=min_channels)
     raise TypeError(f"apply_blurpool: expected a flax.nnx.Module or a torch.nn.Module, got {type(model).__name__}.")
 
 
@@ -199,7 +200,7 @@ def BlurPool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
         warnings.warn(NoEffectWarning("BlurPool: replace_convs and replace_maxpools are both False; BlurPool will "
                                       "not modify the model."), stacklevel=2)
 
-    def model_fn(task):
+    def model_fn(task, ctx):
         new = apply_blurpool(task.source, replace_convs=replace_convs, replace_maxpools=replace_maxpools,
                              blur_first=blur_first, min_channels=int(min_channels))
         return task.with_model(new)
@@ -207,3 +208,7 @@ def BlurPool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
     return Method(name="BlurPool", model=model_fn,
                   description=f"BlurPool(replace_convs={replace_convs}, replace_maxpools={replace_maxpools}, "
                               f"blur_first={blur_first}, min_channels={min_channels})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="blurpool", factory=BlurPool, functional=(apply_blurpool,))

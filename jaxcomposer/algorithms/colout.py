@@ -38,7 +38,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["colout_batch", "ColOut"]
 
@@ -160,3 +160,7 @@ def ColOut(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_
 
     return Method(name="ColOut", batch=batch_fn,
                   description=f"ColOut(p_row={p_row}, p_col={p_col}, batch={batch}, resize_target={resize_target!r})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="colout", factory=ColOut, functional=(colout_batch,))

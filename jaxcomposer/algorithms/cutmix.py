@@ -28,11 +28,13 @@ spatial size) get the box pasted instead of being interpolated, and ``interpolat
 One deviation: ``cutmix_batch(length=...)`` draws a box of side ``int(length * H) x int(length * W)`` as Composer's
 docstring says; Composer's code feeds that area into ``sqrt(1 - lam)`` and so draws a larger box.
 
-**How it plugs in.** ``batch`` slot: pastes into ``batch['input']`` (the box is a mask from ``iota`` comparisons,
+**How it plugs in.** ``batch`` slot (``batch(batch, ctx)``, drawing from its own ``ctx.key``; docs/design.md,
+"Methods and slots"): pastes into ``batch['input']`` (the box is a mask from ``iota`` comparisons,
 so shapes stay static under jit) and stores, per example so microbatch splits along axis 0 stay correct,
 ``batch['cutmix/target_perm']`` and ``batch['cutmix/lambda']`` (``lam_adj`` broadcast to ``(B,)``). ``loss`` slot:
 uses them; without those keys (evaluation) it is the identity. Images are NHWC by default (``data_format='NCHW'``
-supported). Conflicts with any other target-interpolating method (MixUp): ``compose`` raises.
+supported). Declares ``exclusive={"interpolates_targets"}``, so ``compose`` raises if any other method of the
+recipe also interpolates targets (MixUp).
 
 **Reference.** Yun et al., "CutMix: Regularization Strategy to Train Strong Classifiers with Localizable
 Features", ICCV 2019 (arXiv:1905.04899). Composer: ``composer/algorithms/cutmix``.
@@ -44,7 +46,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
 __all__ = ["cutmix_batch", "CutMix", "LAMBDA_KEY", "TARGET_PERM_KEY"]
@@ -188,7 +190,9 @@ def CutMix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
         return {**batch, input_key: mixed, TARGET_PERM_KEY: target_perm,
                 LAMBDA_KEY: jnp.full((x.shape[0],), lam, jnp.float32)}
 
-    def wrap(loss_fn: Callable) -> Callable:
+    def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
+        del ctx  # the mixing travels in the batch (per example), not in the ctx
+
         def mixed_loss(outputs, batch):
             if LAMBDA_KEY not in batch:  # evaluation, segmentation targets, or a batch this method did not see
                 return loss_fn(outputs, batch)
@@ -203,6 +207,10 @@ def CutMix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
 
         return mixed_loss
 
-    return Method(name="CutMix", batch=batch_fn, loss=wrap, interpolates_targets=True,
+    return Method(name="CutMix", batch=batch_fn, loss=wrap, exclusive={"interpolates_targets"},
                   description=f"CutMix(alpha={alpha}, interpolate_loss={interpolate_loss}, "
                               f"uniform_sampling={uniform_sampling})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="cutmix", factory=CutMix, functional=(cutmix_batch,))

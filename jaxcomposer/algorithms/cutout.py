@@ -17,7 +17,8 @@ likely to be covered as central ones, instead of uniformly inside the image as i
 ``clip(y - side//2, 0, H) : clip(y + side//2, 0, H)`` (same for columns), so an odd side covers ``side - 1`` pixels
 per axis, and holes near a border are clipped.
 
-**How it plugs in.** ``batch`` slot on ``batch['input']``. The mask is built from ``iota`` comparisons, not dynamic
+**How it plugs in.** ``batch`` slot on ``batch['input']`` (``batch(batch, ctx)``, drawing from its own ``ctx.key``;
+docs/design.md, "Methods and slots"). The mask is built from ``iota`` comparisons, not dynamic
 slices, so it is jit-friendly with static shapes. Images are NHWC by default (``data_format='NCHW'`` supported).
 
 **Reference.** DeVries & Taylor, "Improved Regularization of Convolutional Neural Networks with Cutout", 2017
@@ -28,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["cutout_batch", "CutOut"]
 
@@ -104,3 +105,7 @@ def CutOut(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = Fal
 
     return Method(name="CutOut", batch=batch_fn,
                   description=f"CutOut(num_holes={num_holes}, length={length}, uniform_sampling={uniform_sampling})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="cutout", factory=CutOut, functional=(cutout_batch,))

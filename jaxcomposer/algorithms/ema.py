@@ -21,12 +21,19 @@ params and a cheap elementwise update per step.
 - ``update_interval=None``: how often to update; default 1 unit of ``half_life`` (``'1ba'`` when ``smoothing``
   is given). Units must match ``half_life``'s.
 
-**Timing, step by step.** ``update`` runs in jit after the optimizer step ``ctx.step`` (0-based), so ``n =
-ctx.step + 1`` batches are done (Composer's ``BATCH_END`` timestamp). Unit ``'ba'``: a boundary every batch and an
-update when ``n % interval == 0``. Unit ``'ep'``: a boundary at each epoch end (``n % steps_per_epoch == 0``) and an
-update when the epoch count is a multiple of the interval (Composer's ``EPOCH_END``). ``ema_start`` compares
-``n / total_steps`` (``'dur'``), ``n`` (``'ba'``) or the epoch count Composer's timestamp holds at that event
-(``'ep'``). Every decision is a ``jnp`` select: no Python branch on traced values, one compile for the whole run.
+**Timing, step by step.** ``update(extra, params, model_state, ctx)`` runs in jit after the optimizer step at
+the clock ``ctx.step`` (batches trained before this one), so ``n = ctx.step + 1`` batches are done (Composer's
+``BATCH_END`` timestamp); the method keeps no counter of its own. Unit ``'ba'``: a boundary every batch and an
+update when ``n % interval == 0``. Unit ``'ep'``: a boundary at each epoch end (``n % ctx.run.steps_per_epoch ==
+0``) and an update when the epoch count is a multiple of the interval (Composer's ``EPOCH_END``). ``ema_start``
+compares ``n / ctx.run.total_steps`` (``'dur'``), ``n`` (``'ba'``) or the epoch count Composer's timestamp holds at
+that event (``'ep'``). Every decision is a ``jnp`` select: no Python branch on traced values, one compile for the
+whole run. A step skipped for a non-finite loss keeps the old average but still advances the clock, so the
+boundaries stay on the batch count (docs/design.md, "The clock").
+
+**How it plugs in.** ``post_step`` slot: ``init(params, model_state, ctx)`` copies the weights on the host;
+``update`` as above. ``eval`` slot: ``eval(extra, params, model_state, ctx)`` picks the weights evaluation uses
+(docs/design.md, "Methods and slots").
 
 **Eval and checkpoints.** ``eval`` returns the EMA weights once started, the raw weights before. The EMA lives in
 the train state's method extras, so checkpoints hold both sets and resume is exact (Composer swaps the EMA weights
@@ -43,7 +50,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, PostStep, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, PostStep, StepCtx
 from jaxcomposer.core.time import Time, TimeUnit
 
 __all__ = ["compute_ema", "EMA"]
@@ -112,7 +119,7 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
         raise ValueError(f"EMA: smoothing must be in [0, 1], got {smoothing}.")
     unit_is_epoch = interval.unit == TimeUnit.EPOCH
 
-    def init(params, model_state) -> dict:
+    def init(params, model_state, ctx: StepCtx) -> dict:
         # Composer builds its EMA copy at INIT too, so checkpoints have a fixed structure from step 0.
         # Real copies: a donated train state must not hold the same buffer twice.
         copy = lambda t: jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), t)
@@ -121,9 +128,10 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
     def update(extra: dict, params, model_state, ctx: StepCtx) -> dict:
         n = jnp.asarray(ctx.step, jnp.int32) + 1  # batches completed, including this one
         if unit_is_epoch or start.unit == TimeUnit.EPOCH:
-            if not ctx.steps_per_epoch:
-                raise ValueError("EMA: 'ep' units need steps_per_epoch (the trainer passes it in StepCtx).")
-            spe = int(ctx.steps_per_epoch)
+            if not ctx.run.steps_per_epoch:
+                raise ValueError("EMA: 'ep' units need steps_per_epoch (ctx.run.steps_per_epoch; the Trainer sets "
+                                 "it from the train dataloader's length).")
+            spe = int(ctx.run.steps_per_epoch)
         if unit_is_epoch:
             boundary = n % spe == 0
             count = n // spe
@@ -132,7 +140,7 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
             count = n
         if start.unit == TimeUnit.DURATION:
             # n / total >= v, in integers so 0.3 * 10 does not miss batch 3 by a rounding error.
-            past_start = n >= math.ceil(start.value * ctx.total_steps - 1e-9)
+            past_start = n >= math.ceil(start.value * ctx.run.total_steps - 1e-9)
         elif start.unit == TimeUnit.BATCH:
             past_start = n >= start.value
         else:  # Composer's epoch counter: incremented before EPOCH_END, not yet at a mid-epoch BATCH_END.
@@ -155,8 +163,12 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
         return {"params": advance(extra["params"], params), "state": advance(extra["state"], model_state),
                 "started": started | start_now}
 
-    def eval_weights(extra: dict, params, model_state):
+    def eval_weights(extra: dict, params, model_state, ctx: StepCtx):
         return _select(extra["started"], extra["params"], params), _select(extra["started"], extra["state"], model_state)
 
     return Method(name="EMA", post_step=PostStep(init, update), eval=eval_weights,
                   description=f"EMA(smoothing={smoothing}, ema_start={start!r}, update_interval={interval!r})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="ema", factory=EMA, functional=(compute_ema,))

@@ -31,8 +31,10 @@ lets normalizer-free nets and large-batch training run at high learning rates (N
 **Hyperparameters.** ``clipping_type`` in ``{'norm', 'value', 'adaptive'}`` and ``clipping_threshold > 0`` (both
 required, as in Composer).
 
-**How it plugs in.** A ``tx`` slot: ``optax.chain(clip, tx)``, so clipping sees the full (accumulated over
-microbatches) gradient, after loss scaling is undone, right before the optimizer: Composer's ``AFTER_TRAIN_BATCH``.
+**How it plugs in.** A ``tx`` slot, ``tx(optax_tx, ctx) -> optax.chain(clip, optax_tx)`` (docs/design.md, "Methods
+and slots"), so clipping sees the full (accumulated over microbatches) gradient, after loss scaling is undone,
+right before the optimizer: Composer's ``AFTER_TRAIN_BATCH``. The clip is stateless and does not depend on the
+step, so it reads nothing from the ctx; rebuilding it inside every step costs nothing.
 
 **Reference.** Pascanu et al., "On the difficulty of training recurrent neural networks", ICML 2013
 (arXiv:1211.5063); Brock et al., "High-Performance Large-Scale Image Recognition Without Normalization", ICML 2021
@@ -44,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxcomposer.core.method import Method
+from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["apply_gradient_clipping", "clip_gradients", "unitwise_norm", "GradientClipping"]
 
@@ -122,6 +124,10 @@ def GradientClipping(clipping_type: str, clipping_threshold: float, *, eps: floa
                      unit_axis: int = -1) -> Method:
     """Composer's ``GradientClipping(clipping_type, clipping_threshold)`` as a :class:`Method` (``tx`` slot)."""
     clip = clip_gradients(clipping_type, clipping_threshold, eps=eps, unit_axis=unit_axis)
-    return Method(name="GradientClipping", tx=lambda tx, info: optax.chain(clip, tx),
+    return Method(name="GradientClipping", tx=lambda tx, ctx: optax.chain(clip, tx),
                   description=f"GradientClipping(clipping_type={clipping_type!r}, "
                               f"clipping_threshold={clipping_threshold})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="gradient_clipping", factory=GradientClipping, functional=(apply_gradient_clipping,))

@@ -12,7 +12,8 @@ for language models.
 **Hyperparameters.** ``smoothing`` (default ``0.1``; Composer recipes use ``0.08``-``0.1``): the probability mass
 moved from the true class to the uniform distribution. Must satisfy ``0 <= smoothing < 1``.
 
-**How it plugs in.** A ``loss`` slot wrapper: the target under ``target_key`` is replaced by the smoothed dense
+**How it plugs in.** A ``loss`` slot wrapper, ``loss(loss_fn, ctx) -> loss_fn`` (docs/design.md, "Methods and
+slots"; it reads nothing from the ctx): the target under ``target_key`` is replaced by the smoothed dense
 targets for the call to the inner per-example loss (Composer's ``BEFORE_LOSS``/``AFTER_LOSS`` pair: the batch the
 rest of the step sees is untouched, which in a pure step is automatic). The inner loss must accept dense targets
 (``soft_cross_entropy`` does).
@@ -26,7 +27,7 @@ from typing import Callable
 
 import jax
 
-from jaxcomposer.core.method import Method
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
 __all__ = ["smooth_labels", "LabelSmoothing"]
@@ -49,7 +50,9 @@ def LabelSmoothing(smoothing: float = 0.1, target_key: str = "target") -> Method
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"LabelSmoothing: smoothing must satisfy 0 <= smoothing < 1, got {smoothing}.")
 
-    def wrap(loss_fn: Callable) -> Callable:
+    def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
+        del ctx  # static smoothing: the wrapper reads nothing from the step
+
         def smoothed_loss(outputs, batch):
             # A new dict, never an edit: the caller's batch (and so metrics) keeps the original labels.
             return loss_fn(outputs, {**batch, target_key: smooth_labels(outputs, batch[target_key], smoothing)})
@@ -57,3 +60,7 @@ def LabelSmoothing(smoothing: float = 0.1, target_key: str = "target") -> Method
         return smoothed_loss
 
     return Method(name="LabelSmoothing", loss=wrap, description=f"LabelSmoothing(smoothing={smoothing})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="label_smoothing", factory=LabelSmoothing, functional=(smooth_labels,))

@@ -17,40 +17,46 @@ method gives Composer's training dynamics, not its wall-clock savings.
 - ``freeze_level=1.0``: fraction of (freezable) layers frozen at the end of training, in ``[0, 1]``.
 - ``update_interval='1ep'`` (keyword-only, our extension): when the frozen depth is recomputed. Composer does it
   at every epoch end, which is the default; ``'Nba'`` recomputes every N batches (single-epoch runs, tests).
+- ``layer_order=None`` (keyword-only, ours): module paths, earliest first (``'blocks/0/conv1'`` or
+  ``'blocks.0.conv1'``), used instead of the forward's order (below) when given.
 
 **Schedule, exactly as Composer.** At an update boundary with elapsed duration ``t`` (completed batches over
 total batches), ``pct = 0`` if ``t <= freeze_start`` else ``freeze_level * ((t - freeze_start) / (1 -
 freeze_start))``, and the first ``int(pct * (n - 1))`` layers are frozen, ``n`` being the number of layers: the
-last layer (the head) is never frozen. The depth in force at optimizer step ``s`` is the one computed at the last
-boundary ``<= s`` completed batches. It is computed in float64 on the host, once per possible depth, so no
-float32 rounding can move a boundary; in jit the step only counts boundaries past thresholds.
+last layer (the head) is never frozen. The depth in force at clock ``s`` (``ctx.step``, the batches trained before
+this one) is the one computed at the last boundary ``<= s`` completed batches. It is computed in float64 on the
+host, once per possible depth, so no float32 rounding can move a boundary; in jit the step only counts boundaries
+past thresholds.
 
-**What a layer is.** Composer's ``_get_layers``: the leaf modules that own params, in depth-first definition
-order. From the param tree: a param's layer is its path without the last key; layers whose path is a prefix of
-another layer's path are not leaves, and their direct params are never frozen (as in Composer, which recurses
-into such modules' children only). The order is definition order:
+**What a layer is.** Composer's ``_get_layers``: the leaf modules that own params. From the param tree: a param's
+layer is its path without the last key; layers whose path is a prefix of another layer's path are not leaves, and
+their direct params are never frozen (as in Composer, which recurses into such modules' children only).
 
-- Flax NNX: ``nnx.State`` sorts its keys, so the order is read from the module itself: the ``model`` slot walks
-  the task's module (attributes in assignment order, ``nnx.List`` items by index) once, before the optimizer is
-  built. Params added by later surgery (e.g. BlurPool's ``conv1/conv``) take the place of their nearest
-  ancestor in that walk. A module rebuilt by ``nnx.clone``/``merge``/``eval_shape`` has sorted attributes, so
-  the order is gone: the slot raises and asks for LayerFreezing to be listed before surgery methods (which
-  clone), or for ``layer_order=[...]`` (keyword-only, ours: module paths, earliest first).
-- torch modules (bridged): ``named_modules()`` order; bridged params' dotted names are split on ``.``.
-- Plain dicts (no module): insertion order, e.g. ``{'stem': ..., 'block1': ..., 'head': ...}``, as the optimizer's
-  ``init`` sees them on the host (inside jit, dicts come back with sorted keys; pass ``model=`` a list of paths to
-  :func:`freeze_layers` there).
+**Which layers come first: one deliberate difference from Composer.** Composer freezes in module definition order
+(``model.children()``, depth first). We freeze in the order the forward pass first uses the layers:
+``ctx.model.param_order()`` lists the param paths in the order the forward first reads them (read off its jaxpr
+by the core, the same for Flax NNX and bridged torch models), and a layer's place is where its first param
+appears. The two agree for sequential models (every Composer benchmark model: ResNets, MLPs, GPT); they differ
+only for a model that defines a layer before one it calls earlier. The forward's order needs no definition order,
+which ``nnx.State`` (sorted keys) and ``nnx.clone`` (sorted attributes) lose, so it is right after surgery too
+(BlurPool's ``stem/conv`` sits where the forward reads it). ``layer_order=[module paths]`` restores any order:
+a layer takes the place of the first listed path that is it or contains it (a module path covers the layers under
+it), and every layer must be covered.
 
-:func:`get_layers` lists the layers in freezing order.
+:func:`get_layers` lists the layers in freezing order; :func:`freeze_layers` is the functional form (its
+``param_order=`` takes param paths in forward order or module paths; without it, plain dicts use their insertion
+order, which exists only on the host: inside jit dicts come back with sorted keys).
 
-**How it plugs in.** ``tx`` slot: an optax wrapper whose state holds its own step count (so the frozen depth is in
-every checkpoint and a resumed run freezes exactly the same layers; Composer's LayerFreezing cannot resume, issue
-#1002). Frozen leaves get zero gradients going into the wrapped optimizer (so a global-norm clip inside sees
+**How it plugs in.** ``tx`` slot, ``tx(optax_tx, ctx) -> optax_tx``, built inside every step from that step's ctx
+(docs/design.md, "Methods and slots"): an optax wrapper whose state is only the wrapped optimizer's state
+(:class:`LayerFreezingState`). The schedule's clock is ``ctx.step`` (docs/design.md, "The clock"), so the frozen
+depth follows the checkpointed ``TrainState.step`` and a resumed run freezes exactly the same layers (Composer's
+LayerFreezing cannot resume, issue #1002); a step skipped for a non-finite loss still advances it, as it advances
+the timestamp. Frozen leaves get zero gradients going into the wrapped optimizer (so a global-norm clip inside sees
 what torch sees: no gradient) and a zero update coming out (so decoupled weight decay and momentum do not move
 them either, as when Composer removes them from the optimizer). Their moment buffers inside the optimizer keep
-evolving but are never used again: freezing only grows. The ``model`` slot records the definition order and
-returns the task unchanged. List LayerFreezing before other ``tx`` methods to have it outermost. Because the
-count is the optimizer's, a step skipped for a non-finite loss does not advance the schedule (as for the LR).
+evolving but are never used again: freezing only grows. List LayerFreezing before other ``tx`` methods to have it
+outermost.
 
 **Reference.** Brock et al., "FreezeOut: Accelerate Training by Progressively Freezing Layers", 2017
 (arXiv:1706.04983); Raghu et al., "SVCCA", NeurIPS 2017 (arXiv:1706.05806). Composer:
@@ -67,8 +73,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxcomposer.core.method import Method, RunInfo
-from jaxcomposer.core.model import is_torch_module
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
+from jaxcomposer.core.model import param_path
 from jaxcomposer.core.time import Time, TimeUnit
 
 __all__ = ["freeze_layers", "get_layers", "layer_freezing_tx", "LayerFreezing", "LayerFreezingState"]
@@ -79,21 +85,9 @@ _NEVER = 2**31 - 1  # a boundary count no run reaches
 # ---- layers and their order ------------------------------------------------------------------------------------
 
 def _split(key: Any) -> tuple[str, ...]:
-    # Bridged torch params are one flat dict keyed 'layer1.0.conv1.weight': split so modules become path levels.
+    # Bridged torch params are one flat dict keyed 'layer1.0.conv1.weight': split so modules become path levels
+    # (as param_path does).
     return tuple(str(key).split("."))
-
-
-def _norm_keypath(keypath) -> tuple[str, ...]:
-    out: list[str] = []
-    for k in keypath:
-        if isinstance(k, jax.tree_util.DictKey):
-            out.extend(_split(k.key))
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            out.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-            out.append(str(k.key))
-        # GetAttrKey: the `.value` inside an nnx.Variable, not a level of the model
-    return tuple(out)
 
 
 def _container_order(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -111,94 +105,71 @@ def _container_order(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str,
     return [prefix]
 
 
-def _definition_order(model: Any) -> list[tuple[str, ...]]:
-    """Module and param paths of ``model`` in depth-first definition order (Composer's ``model.children()``)."""
-    if is_torch_module(model):
-        return [_split(name) if name else () for name, _ in model.named_modules()]
-    if isinstance(model, (list, tuple)) and all(isinstance(p, str) for p in model):
-        return [tuple(q for q in p.replace("/", ".").split(".") if q) for p in model]
-    from flax import nnx
-
-    if not isinstance(model, nnx.Module):
-        raise ValueError(f"LayerFreezing: model must be a flax.nnx.Module, a torch.nn.Module or a sequence of "
-                         f"param/module paths in definition order, got {type(model).__name__}.")
-    keys = list(vars(model))
-    if "_pytree__state" in keys and "_pytree__nodes" in keys and \
-            keys.index("_pytree__nodes") < keys.index("_pytree__state"):
-        # A constructor sets _pytree__state first; nnx.clone/merge/eval_shape rebuild modules with sorted attributes,
-        # which puts 'head' before 'stem': freezing in that order would be silently wrong.
-        raise ValueError(f"LayerFreezing: the {type(model).__name__} module was rebuilt (nnx.clone, nnx.merge or "
-                         "nnx.eval_shape; surgery methods such as BlurPool clone the model), so its attributes are "
-                         "sorted and the definition order is lost. List LayerFreezing before surgery methods, or "
-                         "pass layer_order=[module paths, earliest first].")
-    out: list[tuple[str, ...]] = []
-    seen: set[int] = set()
-
-    def walk(node: Any, path: tuple[str, ...]) -> None:
-        if id(node) in seen:  # a shared submodule belongs where it first appears
-            return
-        seen.add(id(node))
-        out.append(path)
-        if isinstance(node, nnx.Variable):
-            return
-        if isinstance(node, nnx.Module) and isinstance(node, Sequence):  # nnx.List: by index, not by '10' < '2'
-            items = list(enumerate(node))
-        elif isinstance(node, nnx.Module):
-            items = [(k, v) for k, v in vars(node).items() if not k.startswith("_pytree__")]
-        elif isinstance(node, Mapping):
-            items = list(node.items())
+def _as_paths(order: Sequence) -> list[tuple[str, ...]]:
+    """Paths as tuples of strings: tuples (``param_order()``'s form) as they are, strings split on ``/`` and ``.``."""
+    if isinstance(order, str):
+        raise ValueError(f"LayerFreezing: an order must be a list of paths, got the string {order!r}.")
+    out = []
+    for p in order:
+        if isinstance(p, str):
+            out.append(tuple(q for q in p.replace("/", ".").split(".") if q))
+        elif isinstance(p, (tuple, list)) and all(isinstance(q, str) for q in p):
+            out.append(tuple(p))
         else:
-            items = list(enumerate(node))
-        for k, v in items:
-            if isinstance(v, (nnx.Module, nnx.Variable, list, tuple, Mapping)):
-                walk(v, path + (str(k),))
-
-    walk(model, ())
+            raise ValueError(f"LayerFreezing: an order holds paths, 'blocks/0/conv1' or ('blocks', '0', 'conv1'), "
+                             f"got {p!r}.")
     return out
 
 
 def _layers(params: Any, order: list[tuple[str, ...]] | None):
-    """(layer paths in freezing order, pytree like ``params`` of each leaf's layer position or -1)."""
+    """(layer paths in freezing order, pytree like ``params`` of each leaf's layer position or -1).
+
+    ``order``: param paths in forward order and/or module paths, earliest first; a param takes the rank of the first
+    listed path that is it or one of its ancestors, a layer the best rank of its params. None: the params' own
+    container (insertion) order, for plain dicts on the host."""
+    leaf_paths = [param_path(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    parents = {p[:-1] for p in leaf_paths}
+    leaf_layers = {L for L in parents if not any(len(o) > len(L) and o[:len(L)] == L for o in parents)}
     if order is None:
         from flax import nnx
 
         if isinstance(params, nnx.State):
             raise ValueError("LayerFreezing: nnx.State sorts its keys, so the params alone do not give the layers' "
-                             "definition order; pass model=<the nnx.Module> (the LayerFreezing method reads it "
-                             "from the Trainer's model by itself).")
-    container = {p: i for i, p in enumerate(_container_order(params))}
-    leaf_paths = [_norm_keypath(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    parents = {p[:-1] for p in leaf_paths}
-    leaf_layers = {L for L in parents if not any(len(o) > len(L) and o[:len(L)] == L for o in parents)}
-    first = {}
-    for p in leaf_paths:
-        if p[:-1] in leaf_layers:
-            first[p[:-1]] = min(first.get(p[:-1], math.inf), container.get(p, math.inf))
-    if order is None:
+                             "order; pass param_order= (e.g. the Trainer's param_order(), or "
+                             "jaxcomposer.core.model.param_use_order(task.forward, params, state, batch)) or module "
+                             "paths earliest first.")
+        container = {p: i for i, p in enumerate(_container_order(params))}
+        first: dict = {}
+        for p in leaf_paths:
+            if p[:-1] in leaf_layers:
+                first[p[:-1]] = min(first.get(p[:-1], math.inf), container.get(p, math.inf))
         ranked = sorted(leaf_layers, key=lambda L: (first[L], L))
     else:
-        rank = {}
+        rank: dict = {}
         for i, q in enumerate(order):
             rank.setdefault(q, i)
-
-        def key(L):
-            # the nearest ancestor the module walk knows (a layer added by later surgery sits where its parent was)
-            for k in range(len(L), -1, -1):
-                if L[:k] in rank:
-                    return (rank[L[:k]], first[L], L)
-            raise ValueError(f"LayerFreezing: layer {'/'.join(L)!r} is not covered by the layer order "
-                             f"{['/'.join(q) for q in order]}; list it (or a module containing it).")
-
-        ranked = sorted(leaf_layers, key=key)
+        best: dict = {}
+        for i, p in enumerate(leaf_paths):  # i: jax's flatten order, the same on the host and in jit (tie-break)
+            if p[:-1] not in leaf_layers:
+                continue
+            r = next((rank[p[:k]] for k in range(len(p), -1, -1) if p[:k] in rank), None)
+            if r is not None:
+                best[p[:-1]] = min(best.get(p[:-1], (math.inf, math.inf)), (r, i))
+        missing = sorted(leaf_layers - set(best))
+        if missing:
+            raise ValueError(f"LayerFreezing: layers {['/'.join(L) for L in missing]} are not covered by the layer "
+                             f"order {['/'.join(q) for q in order]}; list them (or a module containing them).")
+        ranked = sorted(leaf_layers, key=lambda L: (best[L], L))
     position = {L: i for i, L in enumerate(ranked)}
-    index = jax.tree_util.tree_map_with_path(lambda kp, _: position.get(_norm_keypath(kp)[:-1], -1), params)
+    index = jax.tree_util.tree_map_with_path(lambda kp, _: position.get(param_path(kp)[:-1], -1), params)
     return ranked, index
 
 
-def get_layers(params: Any, model: Any = None) -> list[str]:
+def get_layers(params: Any, param_order: Sequence | None = None) -> list[str]:
     """The layers of ``params`` in the order LayerFreezing freezes them, as ``'/'``-joined paths (the last one is
-    never frozen). ``model`` (nnx or torch module, or paths in definition order) gives the order; see the card."""
-    ranked, _ = _layers(params, None if model is None else _definition_order(model))
+    never frozen). ``param_order``: param paths in the order the forward first reads them (``ctx.model.
+    param_order()``), or module paths earliest first; None for a plain dict's insertion order (see the card)."""
+    ranked, _ = _layers(params, None if param_order is None else _as_paths(param_order))
     return ["/".join(L) for L in ranked]
 
 
@@ -224,17 +195,19 @@ def _depth(current_duration: float, n_layers: int, freeze_start: float, freeze_l
 
 
 def freeze_layers(params: Any, current_duration, freeze_start: float = 0.5, freeze_level: float = 1.0, *,
-                  model: Any = None):
+                  param_order: Sequence | None = None):
     """Composer's ``freeze_layers``, pure: returns ``(frozen, freeze_depth, freeze_percentage)``.
 
     ``frozen`` is a pytree like ``params`` with a bool per leaf (True: frozen), to mask gradients and updates with
     (``jnp.where(frozen, 0, u)``); Composer instead edits ``requires_grad`` and the optimizer's param groups.
     ``current_duration`` is the elapsed fraction of training: a Python number gives Python/numpy results, a traced
     value gives traced ones (computed in float32; the LayerFreezing method avoids that rounding, see the card).
-    ``model`` supplies the layer order (required for ``nnx.State`` params, whose keys are sorted).
+    ``param_order`` gives the layer order: param paths in the order the forward first reads them (what
+    ``ctx.model.param_order()`` returns) or module paths, earliest first. Required for ``nnx.State`` params, whose
+    keys are sorted; without it a plain dict's insertion order is used (on the host: jit sorts dict keys).
     """
     _check(freeze_start, freeze_level)
-    ranked, index = _layers(params, None if model is None else _definition_order(model))
+    ranked, index = _layers(params, None if param_order is None else _as_paths(param_order))
     n = len(ranked)
     if isinstance(current_duration, (int, float)):
         pct = _freeze_schedule(float(current_duration), freeze_start, freeze_level)
@@ -267,42 +240,48 @@ def _thresholds(n_layers: int, total_steps: int, boundary: int, freeze_start: fl
 # ---- the optax wrapper and the method ----------------------------------------------------------------------------
 
 class LayerFreezingState(NamedTuple):
-    count: jax.Array  # optimizer steps applied: the schedule's clock, checkpointed with the optimizer
+    """The wrapper's state: only the wrapped optimizer's (the schedule's clock is ``ctx.step``, not a counter)."""
+
     inner_state: Any
 
 
-def layer_freezing_tx(inner: optax.GradientTransformation, info: RunInfo, freeze_start: float = 0.5,
+def layer_freezing_tx(inner: optax.GradientTransformation, ctx: StepCtx, freeze_start: float = 0.5,
                       freeze_level: float = 1.0, update_interval: str | Time = "1ep", *,
-                      model_order: Sequence | None = None) -> optax.GradientTransformation:
-    """``inner`` with Composer's freezing schedule applied to its inputs and outputs (see the module docstring).
+                      layer_order: Sequence | None = None) -> optax.GradientTransformation:
+    """``inner`` with Composer's freezing schedule at clock ``ctx.step`` applied to its inputs and outputs (see the
+    module docstring). Build it from each step's ctx, as the ``tx`` slot is.
 
-    ``model_order`` is ``_definition_order(model)``-style paths (or None for the params' container order).
+    The layer order is ``layer_order`` (module or param paths, earliest first) when given, else
+    ``ctx.model.param_order()`` (param paths in forward order); one of them is required.
     """
     _check(freeze_start, freeze_level)
     interval = _interval(update_interval)
     if interval.unit == TimeUnit.EPOCH:
-        if not info.steps_per_epoch:
+        if not ctx.run.steps_per_epoch:
             raise ValueError("LayerFreezing: update_interval in 'ep' (Composer's epoch-end freezing) needs the "
                              "epoch length; this run has no steps_per_epoch (a loader without len()). Use "
                              "update_interval='Nba'.")
-        boundary = int(info.steps_per_epoch) * int(interval.value)
+        boundary = int(ctx.run.steps_per_epoch) * int(interval.value)
     else:
         boundary = int(interval.value)
-    total = max(int(info.total_steps), 1)
-    # jit rebuilds dicts with sorted keys, so a dict's insertion order exists only on the host: without a module
-    # order, pin the layer order of the params `init` sees (the Trainer calls it on the host, before any jit).
-    pinned = {"order": None if model_order is None else list(model_order)}
+    total = max(int(ctx.run.total_steps), 1)
+    if layer_order is not None:
+        order = _as_paths(layer_order)
+    elif ctx.model.param_order is not None:
+        order = _as_paths(ctx.model.param_order())
+    else:
+        raise ValueError("LayerFreezing: no layer order: ctx.model.param_order is None (the Trainer's step provides "
+                         "the forward's param order) and no layer_order=[module paths] was given.")
+    step = ctx.step
 
     def init(params):
-        ranked, _ = _layers(params, pinned["order"])  # a missing order fails here, before the first step
-        if pinned["order"] is None:
-            pinned["order"] = ranked
-        return LayerFreezingState(jnp.zeros((), jnp.int32), inner.init(params))
+        _layers(params, order)  # an order that misses a layer fails here, before the first step
+        return LayerFreezingState(inner.init(params))
 
     def update(updates, state, params=None):
-        ranked, index = _layers(updates, pinned["order"])
+        ranked, index = _layers(updates, order)
         th = _thresholds(len(ranked), total, boundary, freeze_start, freeze_level)
-        k = state.count // boundary  # boundaries passed before this step
+        k = jnp.asarray(step, jnp.int32) // boundary  # boundaries passed before this step
         depth = (k >= jnp.asarray(th)).sum(dtype=jnp.int32) if th.size else jnp.zeros((), jnp.int32)
 
         def mask(u, i):
@@ -312,7 +291,7 @@ def layer_freezing_tx(inner: optax.GradientTransformation, info: RunInfo, freeze
 
         grads = jax.tree.map(mask, updates, index)
         out, inner_state = inner.update(grads, state.inner_state, params)
-        return jax.tree.map(mask, out, index), LayerFreezingState(state.count + 1, inner_state)
+        return jax.tree.map(mask, out, index), LayerFreezingState(inner_state)
 
     return optax.GradientTransformation(init, update)
 
@@ -331,36 +310,25 @@ def _interval(update_interval: str | Time) -> Time:
 
 def LayerFreezing(freeze_start: float = 0.5, freeze_level: float = 1.0, *, update_interval: str = "1ep",
                   layer_order: Sequence[str] | None = None) -> Method:
-    """Composer's ``LayerFreezing(freeze_start, freeze_level)`` as a :class:`Method` (``model`` + ``tx`` slots).
+    """Composer's ``LayerFreezing(freeze_start, freeze_level)`` as a :class:`Method` (``tx`` slot).
 
     ``layer_order`` (keyword-only, ours): module paths earliest first (``'blocks/0/conv1'`` or
-    ``'blocks.0.conv1'``), for models whose definition order cannot be read (see the card).
+    ``'blocks.0.conv1'``), used instead of the forward's param order (see the card).
     """
     _check(freeze_start, freeze_level)
     _interval(update_interval)
     if layer_order is not None and (isinstance(layer_order, str) or not all(isinstance(p, str) for p in layer_order)):
         raise ValueError(f"LayerFreezing: layer_order must be a list of module paths such as ['stem', "
                          f"'blocks/0/conv1'], got {layer_order!r}.")
-    # The model slot runs on the host before the optimizer is built (Trainer: apply_model, then wrap_tx); it is
-    # the only place the module (and so the definition order nnx.State loses) is visible.
-    seen: dict[str, Any] = {"order": None if layer_order is None else _definition_order(list(layer_order))}
+    order = None if layer_order is None else tuple(layer_order)
 
-    def model_fn(task):
-        if layer_order is not None:
-            return task
-        source = getattr(task, "source", None)
-        from flax import nnx
+    def tx_fn(inner, ctx):
+        return layer_freezing_tx(inner, ctx, freeze_start, freeze_level, update_interval, layer_order=order)
 
-        if is_torch_module(source) or isinstance(source, nnx.Module):
-            seen["order"] = _definition_order(source)
-        else:  # a PureModel: its params' own (dict insertion) order
-            seen["order"] = None
-        return task
-
-    def tx_fn(inner, info):
-        return layer_freezing_tx(inner, info, freeze_start, freeze_level, update_interval,
-                                 model_order=seen["order"])
-
-    return Method(name="LayerFreezing", model=model_fn, tx=tx_fn,
+    return Method(name="LayerFreezing", tx=tx_fn,
                   description=f"LayerFreezing(freeze_start={freeze_start}, freeze_level={freeze_level}, "
                               f"update_interval={update_interval!r})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="layer_freezing", factory=LayerFreezing, functional=(freeze_layers,))

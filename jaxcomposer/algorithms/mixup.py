@@ -14,10 +14,12 @@ regularizes and improves calibration. Slows convergence on short schedules; not 
 (default ``False``): when ``True`` the loss is ``(1 - lam) * L(y) + lam * L(y[perm])`` instead of the loss on mixed
 targets (identical for cross-entropy, but works for losses that need index targets).
 
-**How it plugs in.** ``batch`` slot: mixes ``batch['input']`` and stores, per example so that microbatch splits
+**How it plugs in.** ``batch`` slot (``batch(batch, ctx)``, drawing from its own ``ctx.key``; docs/design.md,
+"Methods and slots"): mixes ``batch['input']`` and stores, per example so that microbatch splits
 along axis 0 stay correct, ``batch['mixup/target_perm']`` (the permuted targets) and ``batch['mixup/mixing']``
 (``lam`` broadcast to shape ``(B,)``). ``loss`` slot: uses them; without those keys (evaluation) it is the
-identity. Conflicts with any other target-interpolating method (CutMix): ``compose`` raises.
+identity. Declares ``exclusive={"interpolates_targets"}``, so ``compose`` raises if any other method of the
+recipe also interpolates targets (CutMix).
 
 **Reference.** Zhang et al., "mixup: Beyond Empirical Risk Minimization", ICLR 2018 (arXiv:1710.09412).
 Composer: ``composer/algorithms/mixup``.
@@ -29,7 +31,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
 __all__ = ["mixup_batch", "MixUp", "MIXING_KEY", "TARGET_PERM_KEY"]
@@ -86,7 +88,9 @@ def MixUp(alpha: float = 0.2, interpolate_loss: bool = False, input_key: str = "
         return {**batch, input_key: mixed, TARGET_PERM_KEY: target_perm,
                 MIXING_KEY: jnp.full((x.shape[0],), lam, jnp.float32)}
 
-    def wrap(loss_fn: Callable) -> Callable:
+    def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
+        del ctx  # the mixing travels in the batch (per example), not in the ctx
+
         def mixed_loss(outputs, batch):
             if MIXING_KEY not in batch:  # evaluation, or a batch this method did not see: identity.
                 return loss_fn(outputs, batch)
@@ -102,5 +106,9 @@ def MixUp(alpha: float = 0.2, interpolate_loss: bool = False, input_key: str = "
 
         return mixed_loss
 
-    return Method(name="MixUp", batch=batch_fn, loss=wrap, interpolates_targets=True,
+    return Method(name="MixUp", batch=batch_fn, loss=wrap, exclusive={"interpolates_targets"},
                   description=f"MixUp(alpha={alpha}, interpolate_loss={interpolate_loss})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="mixup", factory=MixUp, functional=(mixup_batch,))

@@ -32,14 +32,15 @@ source pixel ``min(floor(i * float32(1 / scale_factor)), n - 1)`` (torch's legac
 ``resize_targets`` the target window is the same region scaled to the target's size. Targets are always resized
 with nearest, so label maps are never blended.
 
-**How it plugs in.** ``stage`` slot (host): returns the pinned ``scale_factor`` (a float; ``1.0`` once the batch
-is left unchanged), so each distinct size is one static shape and one compile. Pinning needs the full-size width,
-taken from the batch's shapes when the stage is given them (``stage(step, total_steps, batch_shapes)``) or else
-from ``image_size``. ``batch`` slot (in jit): resizes ``batch[input_key]`` (and the target) by ``ctx.stage``; the
-crop offset comes from ``ctx.key``. Only 4-D image batches are resized (Composer's ``resize_batch`` needs
-``(N, C, H, W)``); anything else raises, as does a missing stage. Evaluation always sees full-size images.
-Composer's scale follows its elapsed-duration fraction, which for ``max_duration`` in epochs only advances at
-epoch ends; here it advances every batch (same buckets, reached at batch rather than epoch granularity).
+**How it plugs in.** ``stage`` slot (host, every step): ``stage(batch_shapes, ctx)`` reads the clock
+(``ctx.step`` over ``ctx.run.total_steps``) and returns the pinned ``scale_factor`` (a float; ``1.0`` once the
+batch is left unchanged), so each distinct size is one static shape and one compile. Pinning needs the full-size
+width, taken from ``batch_shapes`` when the stage is given them or else from ``image_size``. ``batch`` slot (in
+jit): resizes ``batch[input_key]`` (and the target) by ``ctx.stage``; the crop offset comes from ``ctx.key``. Only
+4-D image batches are resized (Composer's ``resize_batch`` needs ``(N, C, H, W)``); anything else raises, as does
+a missing stage. Evaluation always sees full-size images. Composer's scale follows its elapsed-duration fraction,
+which for ``max_duration`` in epochs only advances at epoch ends; here it advances every batch (same buckets,
+reached at batch rather than epoch granularity). See docs/design.md, "Methods and slots" and "The clock".
 
 **Reference.** Howard & Gugger, fastai's progressive resizing (fastbook, chapter 7, 2020); Touvron et al., "Fixing
 the train-test resolution discrepancy", NeurIPS 2019 (arXiv:1906.06423). Composer:
@@ -54,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["resize_batch", "ProgressiveResizing"]
 
@@ -237,11 +238,12 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
         if image_size is not None:
             return image_size[1]
         raise ValueError("ProgressiveResizing: the stage needs the full-size image width to pin sizes to "
-                         "size_increment: call stage(step, total_steps, batch_shapes) with the batch's shapes, or "
+                         "size_increment: call stage(batch_shapes, ctx) with the batch's shapes, or "
                          "pass image_size=(H, W) to ProgressiveResizing.")
 
-    def stage(step: int, total_steps: int, batch_shapes: Mapping[str, Any] | None = None) -> Hashable:
-        scale = _scale_at(step / max(total_steps, 1), initial_scale, delay_fraction, finetune_fraction)
+    def stage(batch_shapes: Mapping[str, Any] | None, ctx: StepCtx) -> Hashable:
+        scale = _scale_at(int(ctx.step) / max(ctx.run.total_steps, 1), initial_scale, delay_fraction,
+                          finetune_fraction)
         width = full_width(batch_shapes)
         pinned = round(width * scale / size_increment) * size_increment
         if pinned < 1:
@@ -254,7 +256,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
         if ctx.stage is None:
             raise ValueError("ProgressiveResizing: ctx.stage is None, but the batch slot needs the static scale "
                              "factor that its stage slot computes on the host. The Trainer passes it; in your own "
-                             "loop pass method.stage(step, total_steps, batch_shapes) as the step's static stage, or "
+                             "loop pass method.stage(batch_shapes, ctx) as the step's static stage, or "
                              "call resize_batch directly.")
         x = batch[input_key]
         if x.ndim != 4:
@@ -274,3 +276,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
                   description=(f"ProgressiveResizing(mode={mode!r}, initial_scale={initial_scale}, "
                                f"finetune_fraction={finetune_fraction}, delay_fraction={delay_fraction}, "
                                f"size_increment={size_increment}, resize_targets={resize_targets})"))
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="progressive_resizing", factory=ProgressiveResizing, functional=(resize_batch,))

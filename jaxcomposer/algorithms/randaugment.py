@@ -21,11 +21,12 @@ ImageNet-C / CIFAR-10-C corruptions, ``'original'`` uses the AugMix repository's
 pixels, so normalized images are mapped back to uint8, augmented and normalized again. Without ``mean``/``std``
 float images must lie in ``[0, 1]``; uint8 images are used as they are.
 
-**How it plugs in.** ``data`` slot: runs on the host on each numpy training batch before it goes to the device
-(Composer inserts a per-sample transform into the torchvision dataset instead). Each image gets its own child of
-the batch's generator, which the Trainer seeds from (run seed, epoch, batch, method name): runs are reproducible
-and a resumed run augments exactly as the uninterrupted one did. Evaluation batches are never augmented. Nothing
-changes inside the jitted step, so it composes with every in-jit method.
+**How it plugs in.** ``data`` slot, ``data(batch, ctx) -> batch`` (docs/design.md, "Methods and slots"): runs on the
+host on each numpy training batch before it goes to the device (Composer inserts a per-sample transform into the
+torchvision dataset instead). Each image gets its own child of the batch's generator ``ctx.key``, which the Trainer
+seeds from (run seed, epoch, batch, method name): runs are reproducible and a resumed run augments exactly as the
+uninterrupted one did. Evaluation batches are never augmented. Nothing changes inside the jitted step, so it
+composes with every in-jit method.
 
 **Reference.** Cubuk et al., "RandAugment: Practical automated data augmentation with a reduced search space",
 CVPR workshops 2020 (arXiv:1909.13719). Composer: ``composer/algorithms/randaugment``.
@@ -41,7 +42,7 @@ from PIL import Image
 from jaxcomposer.algorithms.augmentation_primitives import (AugmentationFn, describe_augmentation_set,
                                                             image_data_fn, map_images, resolve_augmentation_set,
                                                             validate_normalization)
-from jaxcomposer.core.method import Method
+from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["randaugment_image", "RandAugment"]
 
@@ -98,3 +99,7 @@ def RandAugment(severity: float = 9, depth: int = 2, augmentation_set: str = "al
     label = describe_augmentation_set(augmentation_set)
     return Method(name="RandAugment", data=data_fn,
                   description=f"RandAugment(severity={severity:g}, depth={depth}, augmentation_set={label})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="randaugment", factory=RandAugment, functional=(randaugment_image,))

@@ -23,8 +23,9 @@ state returned is the one after the second pass (at ``w + e``), as Composer's tw
 
 **Deviations (and why).**
 
-- The interval counter is the train step, so a resumed run continues the pattern; Composer's
-  ``SAMOptimizer.global_step`` restarts at 0 on resume (one reason Composer warns that SAM cannot resume).
+- The interval counter is the clock (``ctx.step``, batches trained), so a resumed run continues the pattern and a
+  step skipped for a non-finite loss still counts; Composer's ``SAMOptimizer.global_step`` restarts at 0 on
+  resume (one reason Composer warns that SAM cannot resume).
 - Multi-device: the ascent uses the global-batch gradient. Composer computes ``e`` per GPU from the local,
   unsynchronized gradient (``closure(ddp_sync=False)``), so its neighbourhood depends on the per-device batch.
 - Composer's ``GradientClipping`` runs inside the closure, so it also clips the first gradient before ``e`` is
@@ -35,8 +36,9 @@ state returned is the one after the second pass (at ``w + e``), as Composer's tw
 
 **How it plugs in.** A ``grad`` slot: calls the inner ``grad_fn`` twice with the second pass at ``w + e``
 (its model randomness from ``fold_in(key, 1)``, so dropout masks differ between the passes as in Composer).
-``interval > 1`` chooses with ``lax.cond`` on the traced step: one compile, and plain steps run one pass only.
-No extra state, so checkpoints and resume are exact.
+``interval > 1`` chooses with ``lax.cond`` on the traced clock ``ctx.step``: one compile, and plain steps run one
+pass only. No state of its own (no counter), so checkpoints and resume are exact. See docs/design.md, "Methods
+and slots" and "The clock".
 
 **Reference.** Foret et al., "Sharpness-Aware Minimization for Efficiently Improving Generalization", ICLR 2021
 (arXiv:2010.01412). Composer: ``composer/algorithms/sam`` (after github.com/davda54/sam).
@@ -48,7 +50,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["apply_sam", "SAM"]
 
@@ -107,3 +109,7 @@ def SAM(rho: float = 0.05, epsilon: float = 1.0e-12, interval: int = 1) -> Metho
         return every_interval
 
     return Method(name="SAM", grad=wrap, description=f"SAM(rho={rho}, epsilon={epsilon}, interval={interval})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="sam", factory=SAM, functional=(apply_sam,))

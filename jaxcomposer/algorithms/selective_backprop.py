@@ -44,19 +44,22 @@ saving, which ``scale_factor < 1`` (score on downscaled images) reduces. Compute
   batched rejection loop gives a slightly different distribution over subsets; the per-draw weights are the same.
 - At least one example is kept: ``max(1, int(keep * B))``. Composer keeps ``int(keep * B)``, which is an empty
   batch (a NaN loss) when ``keep * B < 1``.
-- The interrupt counter is the global step, not Composer's ``batch_in_epoch`` (the ``stage`` slot sees only
-  ``(step, total_steps)``); the two agree whenever the epoch length is a multiple of ``interrupt``.
+- The interrupt counter is the clock (``ctx.step``, batches trained in the whole run), not Composer's
+  ``batch_in_epoch``, so a resumed run or a skipped step (which still advances the clock) interrupts on the same
+  batches as a straight run; the two agree whenever the epoch length is a multiple of ``interrupt``.
 - Selection happens after the ``batch`` slots (MixUp, CutOut, ...) and scores with the composed loss (label
   smoothing, MixUp's target mixing), where Composer selects first at ``AFTER_DATALOADER`` with the model's raw
   loss. Every per-example batch entry (e.g. MixUp's permuted targets) is gathered with the kept examples, so the
   two stay consistent.
 
-**How it plugs in.** A ``stage`` slot evaluates ``should_selective_backprop`` on the host, so the kept batch
-has a static size: one compile for "selecting" steps and one for plain steps. A ``grad`` slot scores the batch
-with ``ctx.per_example_loss`` (the step's own forward at its precision and composed loss), gathers the kept
-examples from every batch entry and calls the inner ``grad_fn`` on them. It should be listed first (outermost),
-like Composer's ``sort_selective_backprop_first``, so that other grad wrappers (SAM) see the pruned batch. With
-gradient accumulation the kept count must divide by the number of microbatches.
+**How it plugs in.** A ``stage`` slot (``stage(batch_shapes, ctx)``, host) evaluates
+``should_selective_backprop`` at ``ctx.progress`` and ``ctx.step``, so the kept batch has a static size: one
+compile for "selecting" steps and one for plain steps. A ``grad`` slot scores the batch with
+``ctx.model.per_example_loss`` (the step's own forward at its precision and composed loss), gathers the kept
+examples from every batch entry and calls the inner ``grad_fn`` on them. The method declares ``order=-1``, so it
+sorts first (outermost) wherever it is listed, like Composer's ``sort_selective_backprop_first``: other grad
+wrappers (SAM) see the pruned batch. With gradient accumulation the kept count must divide by the number of
+microbatches. See docs/design.md, "Methods and slots" and "The clock".
 
 **Reference.** Jiang et al., "Accelerating Deep Learning by Focusing on the Biggest Losers", 2019
 (arXiv:1910.00762). Composer: ``composer/algorithms/selective_backprop``.
@@ -70,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["should_selective_backprop", "select_using_loss", "SelectiveBackprop"]
 
@@ -196,20 +199,23 @@ def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, s
                          f"got {interrupt!r}.")
     interrupt = int(interrupt)
 
-    def stage(step: int, total_steps: int, batch_shapes=None) -> bool:
+    def stage(batch_shapes, ctx: StepCtx) -> bool:
         # keep == 1 would select everything: Composer's match() skips the method then, and so do we
-        return keep < 1 and should_selective_backprop(step / max(total_steps, 1), step, start, end, interrupt)
+        step = int(ctx.step)
+        return keep < 1 and should_selective_backprop(step / max(ctx.run.total_steps, 1), step, start, end,
+                                                      interrupt)
 
     def wrap(grad_fn: Callable, ctx: StepCtx) -> Callable:
         if ctx.stage is None:
             raise ValueError("SelectiveBackprop: ctx.stage is None, but this method's stage slot decides "
-                             "(statically) whether a step selects; pass composed.stage(step, total_steps) to "
+                             "(statically) whether a step selects; pass composed.stage(batch_shapes, ctx) to "
                              "the step, as the Trainer does.")
         if not ctx.stage:
             return grad_fn
-        if ctx.per_example_loss is None:
-            raise ValueError("SelectiveBackprop: needs ctx.per_example_loss (the step's forward and per-example "
-                             "loss) to score examples; the Trainer's train step provides it.")
+        per_example_loss = ctx.model.per_example_loss
+        if per_example_loss is None:
+            raise ValueError("SelectiveBackprop: needs ctx.model.per_example_loss (the step's forward and "
+                             "per-example loss) to score examples; the Trainer's train step provides it.")
 
         def selective(params, model_state, batch, key):
             k_score, k_select = jax.random.split(ctx.key)
@@ -217,12 +223,16 @@ def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, s
             scored = {**batch, input_key: _downscale(x, scale_factor, data_format)} if scale_factor < 1 else batch
             # Train mode, and its model-state update is kept: Composer's scoring forward runs the model in
             # train() under no_grad, which still updates BatchNorm's running statistics.
-            losses, model_state = ctx.per_example_loss(params, model_state, scored, k_score)
+            losses, model_state = per_example_loss(params, model_state, scored, k_score)
             idx = _selection_indices(jax.lax.stop_gradient(losses), k_select, keep)
             return grad_fn(params, model_state, _take_examples(batch, idx, x.shape[0]), key)
 
         return selective
 
-    return Method(name="SelectiveBackprop", stage=stage, grad=wrap,
+    return Method(name="SelectiveBackprop", stage=stage, grad=wrap, order=-1,
                   description=f"SelectiveBackprop(start={start}, end={end}, keep={keep}, "
                               f"scale_factor={scale_factor}, interrupt={interrupt})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="selective_backprop", factory=SelectiveBackprop, functional=(select_using_loss, should_selective_backprop))

@@ -32,12 +32,14 @@ entry to be a sequence of one shape.
 ``labels`` to ``L - 1``, so the model reads ``L - 1`` tokens and trains on the same ``L - 1`` next-token targets
 as Composer's HuggingFace model does at length ``L``. With equal lengths this is exactly Composer's cut.
 
-**How it plugs in.** ``stage`` slot (host): the current ``L`` (clamped to the batch's length when the stage is given
-the batch's shapes, so lengths past it do not compile again). ``batch`` slot (in jit): cuts the sequence entries to
-``ctx.stage``; one compile per distinct length (choose ``step_size`` with that in mind). A batch with none of
-``sequence_keys`` raises (Composer requires a HuggingFace model and sequence-shaped tensors), as does a missing
-stage. Evaluation always sees full-length batches. Composer's pre-run of a full-length forward/backward to
-reserve memory is not needed: XLA allocates per compiled shape.
+**How it plugs in.** ``stage`` slot (host, every step): ``stage(batch_shapes, ctx)`` reads the clock
+(``ctx.step`` batches trained, of ``ctx.run.total_steps``) and returns the current ``L`` (clamped to the batch's
+length when given ``batch_shapes``, so lengths past it do not compile again). ``batch`` slot (in jit): cuts the
+sequence entries to ``ctx.stage``; one compile per distinct length (choose ``step_size`` with that in mind). A
+batch with none of ``sequence_keys`` raises (Composer requires a HuggingFace model and sequence-shaped tensors), as
+does a missing stage. Evaluation always sees full-length batches. Composer's pre-run of a full-length
+forward/backward to reserve memory is not needed: XLA allocates per compiled shape. See docs/design.md, "Methods
+and slots" and "The clock".
 
 **Reference.** Li, Zhang & He, "The Stability-Efficiency Dilemma: Investigating Sequence Length Warmup for
 Training GPT Models", NeurIPS 2022 (arXiv:2108.06084). Composer: ``composer/algorithms/seq_length_warmup``.
@@ -49,7 +51,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["set_batch_sequence_length", "SeqLengthWarmup", "DEFAULT_SEQUENCE_KEYS"]
 
@@ -177,8 +179,9 @@ def SeqLengthWarmup(duration: float = 0.3, min_seq_length: int = 8, max_seq_leng
     duration, sequence_keys = float(duration), tuple(sequence_keys)
     min_seq_length, max_seq_length, step_size = int(min_seq_length), int(max_seq_length), int(step_size)
 
-    def stage(step: int, total_steps: int, batch_shapes: Mapping[str, Any] | None = None) -> Hashable:
-        length = _warmup_length(step, total_steps, duration, min_seq_length, max_seq_length, step_size)
+    def stage(batch_shapes: Mapping[str, Any] | None, ctx: StepCtx) -> Hashable:
+        length = _warmup_length(int(ctx.step), ctx.run.total_steps, duration, min_seq_length, max_seq_length,
+                                step_size)
         if batch_shapes is not None:
             lengths = [tuple(getattr(v, "shape", v))[1] for k, v in batch_shapes.items()
                        if k in sequence_keys and len(tuple(getattr(v, "shape", v))) >= 2]
@@ -190,7 +193,7 @@ def SeqLengthWarmup(duration: float = 0.3, min_seq_length: int = 8, max_seq_leng
         if ctx.stage is None:
             raise ValueError("SeqLengthWarmup: ctx.stage is None, but the batch slot needs the static sequence length "
                              "that its stage slot computes on the host. The Trainer passes it; in your own loop pass "
-                             "method.stage(step, total_steps) as the step's static stage, or call "
+                             "method.stage(batch_shapes, ctx) as the step's static stage, or call "
                              "set_batch_sequence_length directly.")
         return set_batch_sequence_length(batch, ctx.stage, truncate, preserve_end_of_sequence,
                                          sequence_keys=sequence_keys, attention_mask_key=attention_mask_key)
@@ -199,3 +202,7 @@ def SeqLengthWarmup(duration: float = 0.3, min_seq_length: int = 8, max_seq_leng
                   description=(f"SeqLengthWarmup(duration={duration}, min_seq_length={min_seq_length}, "
                                f"max_seq_length={max_seq_length}, step_size={step_size}, truncate={truncate}, "
                                f"preserve_end_of_sequence={preserve_end_of_sequence})"))
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="seq_length_warmup", factory=SeqLengthWarmup, functional=(set_batch_sequence_length,))

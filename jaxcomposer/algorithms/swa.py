@@ -20,15 +20,16 @@ weights (see below).
 - ``schedule_swa_lr=False``; ``anneal_strategy='linear'`` (or ``'cos'``); ``anneal_steps=10`` (counted in SWA
   updates, as Composer); ``swa_lr=None``.
 
-**Timing, exactly as Composer's event logic.** ``n`` batches are complete after optimizer step ``n - 1``. The
-matching events are every batch end (``'ba'`` interval) or every epoch end (``n % steps_per_epoch == 0``, ``'ep'``).
-The time compared with ``swa_start``/``swa_end`` is ``n / total_steps`` (``'dur'``) or the epoch count Composer's
-timestamp holds at that event (``n // spe`` at an epoch end, ``(n - 1) // spe`` at a batch end). At the first
-matching event with time >= ``swa_start`` the average restarts (Composer re-creates its ``AveragedModel``); the
-m-th matching event from there (m = 0, 1, ...) samples when ``m % interval == 0``; at the first matching event
-with time >= ``swa_end`` (after sampling, if due) the params become the average and averaging stops. The average
-is torch's ``AveragedModel``: the first sample is copied, then ``avg += (p - avg) / (swa_n + 1)``. All of this
-is integer arithmetic on the step count, planned on the host: one compile for the whole run.
+**Timing, exactly as Composer's event logic.** ``n`` batches are complete after the step at clock ``n - 1``
+(``ctx.step``: the batches trained before that one). The matching events are every batch end (``'ba'`` interval) or
+every epoch end (``n % steps_per_epoch == 0``, ``'ep'``). The time compared with ``swa_start``/``swa_end`` is ``n /
+total_steps`` (``'dur'``) or the epoch count Composer's timestamp holds at that event (``n // spe`` at an epoch
+end, ``(n - 1) // spe`` at a batch end). At the first matching event with time >= ``swa_start`` the average
+restarts (Composer re-creates its ``AveragedModel``); the m-th matching event from there (m = 0, 1, ...) samples
+when ``m % interval == 0``; at the first matching event with time >= ``swa_end`` (after sampling, if due) the
+params become the average and averaging stops. The average is torch's ``AveragedModel``: the first sample is
+copied, then ``avg += (p - avg) / (swa_n + 1)``. All of this is integer arithmetic on the clock, planned on the
+host: one compile for the whole run.
 
 **BatchNorm.** Composer (with torch's ``AveragedModel(use_buffers=False)``) loads the averaged *params* and keeps
 the model's *current* buffers, then relies on the remaining training to refresh BN statistics (it warns that
@@ -42,13 +43,19 @@ differs in two ways we do not copy: it overwrites ``swa_lr`` with the current LR
 set (so the annealing is a hold whatever ``swa_lr`` says; 1.0 with no scheduler), and its per-batch LR scheduler
 rewrites the LR between SWALR steps.
 
-**How it plugs in.** ``tx`` slot, because only the optimizer can replace params inside the jitted step: the
-wrapper's state (:class:`SWAState`: step count, ``swa_n``, the average, the wrapped optimizer's state) is in every
-checkpoint, so resume mid-averaging is exact; at ``swa_end`` its update is ``average - params`` (so the new params
-equal the average up to one rounding of ``p + (avg - p)``). The average is of the params this wrapper's optimizer
-produces: list SWA before other ``tx`` methods (outermost). Evaluation needs no ``eval`` slot: before
-``swa_end`` Composer evaluates the raw model, after it the params are the average. ``schedule`` slot: SWALR.
-:func:`find_swa_state` reads the average out of a train state's ``opt_state``.
+**How it plugs in.** ``tx`` slot, ``tx(optax_tx, ctx) -> optax_tx``, because only the optimizer can replace params
+inside the jitted step; it is built inside every step from that step's ctx (docs/design.md, "Methods and slots").
+Its clock is ``ctx.step`` (docs/design.md, "The clock"): the wrapper keeps no counter, so a step skipped for a
+non-finite loss still advances SWA's timing, as it advances the timestamp (that step's sample, if one was due, is
+not taken: its params were discarded; if it was the step at ``swa_end``, the swap does not happen). The wrapper's
+state (:class:`SWAState`: ``swa_n``, the average, the wrapped optimizer's state) is in every checkpoint with
+``TrainState.step``, so resume mid-averaging is exact; at ``swa_end`` its update is ``average - params`` (so the
+new params equal the average up to one rounding of ``p + (avg - p)``). The average is of the params this wrapper's
+optimizer produces: list SWA before other ``tx`` methods (outermost). Evaluation needs no ``eval`` slot: before
+``swa_end`` Composer evaluates the raw model, after it the params are the average. ``schedule`` slot,
+``schedule(alpha, ctx) -> alpha``: SWALR (its target needs ``ctx.run.base_lr``). The sampling plan is made from
+``ctx.run`` (total steps, epoch length). :func:`find_swa_state` reads the average out of a train state's
+``opt_state``.
 
 **Reference.** Izmailov et al., "Averaging Weights Leads to Wider Optima and Better Generalization", UAI 2018
 (arXiv:1803.05407). Composer: ``composer/algorithms/swa``.
@@ -62,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxcomposer.core.method import Method, RunInfo
+from jaxcomposer.core.method import Method, MethodEntry, RunInfo, StepCtx
 from jaxcomposer.core.time import Time, TimeUnit
 
 __all__ = ["SWA", "SWAState", "swa_tx", "swalr_schedule", "update_swa_average", "find_swa_state"]
@@ -72,7 +79,8 @@ ANNEAL_STRATEGIES = {"linear": "linear", "lin": "linear", "cos": "cos", "cosine"
 
 
 class SWAState(NamedTuple):
-    count: jax.Array  # optimizer steps applied: the SWA clock
+    """The wrapper's state; its clock is ``ctx.step``, not a counter of its own."""
+
     swa_n: jax.Array  # params sampled into the average so far (torch's n_averaged)
     average: Any  # the running mean; meaningless while swa_n == 0
     inner_state: Any
@@ -119,14 +127,15 @@ def _time(x, name: str) -> Time:
     raise ValueError(f"SWA: {name} must be a time string such as '0.7dur', '6ep' or '1ba', got {x!r}.")
 
 
-def _plan(start: Time, end: Time, interval: Time, info: RunInfo) -> _Plan:
-    total = max(int(info.total_steps), 1)
+def _plan(start: Time, end: Time, interval: Time, run: RunInfo) -> _Plan:
+    """The plan for a run (``ctx.run``): its length in steps and, for 'ep' units, its epoch length."""
+    total = max(int(run.total_steps), 1)
     epoch_events = interval.unit == TimeUnit.EPOCH
     needs_epochs = epoch_events or start.unit == TimeUnit.EPOCH
-    if needs_epochs and not info.steps_per_epoch:
+    if needs_epochs and not run.steps_per_epoch:
         raise ValueError("SWA: 'ep' units need the epoch length; this run has no steps_per_epoch (a loader "
                          "without len()). Use 'dur' for swa_start/swa_end and 'Nba' for update_interval.")
-    spe = int(info.steps_per_epoch) if needs_epochs else 1
+    spe = int(run.steps_per_epoch) if needs_epochs else 1
     grid = spe if epoch_events else 1  # matching events are n = j * grid, j >= 1
 
     def time_at(n: int):
@@ -149,19 +158,19 @@ def _plan(start: Time, end: Time, interval: Time, info: RunInfo) -> _Plan:
     return _Plan(first, int(interval.value) * grid, end)
 
 
-def swa_tx(inner: optax.GradientTransformation, plan: _Plan) -> optax.GradientTransformation:
-    """``inner`` plus SWA's sampling and the replacement of the params by the average at ``plan.end``."""
+def swa_tx(inner: optax.GradientTransformation, plan: _Plan, step) -> optax.GradientTransformation:
+    """``inner`` plus SWA's sampling and the replacement of the params by the average at ``plan.end``, for the step
+    at clock ``step`` (``ctx.step``: batches trained before this one; traced in jit). Build it for each step."""
     def init(params):
         # zeros, not a copy: nothing is averaged before the first sample, and no buffer is shared with params
-        return SWAState(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params),
-                        inner.init(params))
+        return SWAState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params), inner.init(params))
 
     def update(updates, state, params=None):
         if params is None:
             raise ValueError("SWA: the optimizer update needs params (the average is of the new params); call "
                              "update(grads, state, params).")
         updates, inner_state = inner.update(updates, state.inner_state, params)
-        n = state.count + 1  # batches complete after this step
+        n = jnp.asarray(step, jnp.int32) + 1  # batches complete after this step
         sample = (n >= plan.first) & (n <= plan.end) & ((n - plan.first) % plan.stride == 0)
         replace = n == plan.end
         new_params = optax.apply_updates(params, updates)  # exactly what the trainer will compute
@@ -169,7 +178,7 @@ def swa_tx(inner: optax.GradientTransformation, plan: _Plan) -> optax.GradientTr
         average = jax.tree.map(lambda a, b: jnp.where(sample, a, b), averaged, state.average)
         updates = jax.tree.map(lambda u, a, p: jnp.where(replace, (a - p).astype(u.dtype), u),
                                updates, average, params)
-        return updates, SWAState(n, state.swa_n + sample.astype(jnp.int32), average, inner_state)
+        return updates, SWAState(state.swa_n + sample.astype(jnp.int32), average, inner_state)
 
     return optax.GradientTransformation(init, update)
 
@@ -227,17 +236,24 @@ def SWA(swa_start: str = "0.7dur", swa_end: str = "0.97dur", update_interval: st
                       "BatchNorm statistics never adapt to the averaged weights (Composer warns the same).",
                       stacklevel=2)
 
-    def schedule_fn(alpha, info: RunInfo):
+    def schedule_fn(alpha, ctx: StepCtx):
         target = None
         if swa_lr is not None:
-            if not info.base_lr:
-                raise ValueError("SWA: schedule_swa_lr with swa_lr needs the optimizer's base LR (RunInfo.base_lr); "
+            if not ctx.run.base_lr:
+                raise ValueError("SWA: schedule_swa_lr with swa_lr needs the optimizer's base LR (ctx.run.base_lr); "
                                  "use a jaxcomposer optimizer (DecoupledSGDW, DecoupledAdamW) or swa_lr=None.")
-            target = float(swa_lr) / float(info.base_lr)
-        return swalr_schedule(alpha, _plan(start, end, interval, info), strategy, anneal_steps, target)
+            target = float(swa_lr) / float(ctx.run.base_lr)
+        return swalr_schedule(alpha, _plan(start, end, interval, ctx.run), strategy, anneal_steps, target)
 
-    return Method(name="SWA", tx=lambda inner, info: swa_tx(inner, _plan(start, end, interval, info)),
+    def tx_fn(inner, ctx: StepCtx):
+        return swa_tx(inner, _plan(start, end, interval, ctx.run), ctx.step)
+
+    return Method(name="SWA", tx=tx_fn,
                   schedule=schedule_fn if schedule_swa_lr else None,
                   description=f"SWA(swa_start={start.to_timestring()!r}, swa_end={end.to_timestring()!r}, "
                               f"update_interval={interval.to_timestring()!r}, schedule_swa_lr={schedule_swa_lr}, "
                               f"anneal_strategy={strategy!r}, anneal_steps={anneal_steps}, swa_lr={swa_lr})")
+
+
+# Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
+ENTRY = MethodEntry(registry_name="swa", factory=SWA, functional=())

@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 from jaxcomposer.core.events import Callback
-from jaxcomposer.errors import JaxComposerError
+from jaxcomposer.errors import NonFiniteLossError
 from jaxcomposer.loggers.logger import is_ready
 
 __all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError"]
@@ -82,8 +82,6 @@ class LRMonitor(Callback):
         logger.log_metrics({"lr": float(lr)})
 
 
-class NonFiniteLossError(JaxComposerError, RuntimeError):
-    """The training loss became NaN or infinite."""
 
 
 class NaNMonitor(Callback):

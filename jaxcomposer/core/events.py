@@ -32,6 +32,17 @@ class Event(enum.Enum):
         return self.value.startswith("eval")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """How long the run is, decided once from the arguments and the train loader: the one place ``max_duration``
+    lives. ``total_steps`` is ``max_duration`` in batches (what schedules and methods plan with);
+    ``steps_per_epoch`` is None for loaders without ``len()``. ``Trainer.fit(duration=...)`` makes a new plan."""
+
+    max_duration: Time | None = None
+    total_steps: int = 1
+    steps_per_epoch: int | None = None
+
+
 @dataclasses.dataclass
 class RunState:
     """What a host callback sees. The trainer owns and advances it; callbacks read it and may ask to stop.
@@ -43,17 +54,27 @@ class RunState:
 
     run_name: str
     run_dir: Any
-    max_duration: Time
+    plan: RunPlan
     timestamp: Timestamp
     train_state: Any = None
     batch_metrics: dict = dataclasses.field(default_factory=dict)
     eval_metrics: dict = dataclasses.field(default_factory=dict)
     batch_size: int = 0
     learning_rate: Any = None
-    total_steps: int = 0
-    steps_per_epoch: int | None = None
     stop_requested: bool = False
     stop_reason: str = ""
+
+    @property
+    def max_duration(self) -> Time | None:
+        return self.plan.max_duration
+
+    @property
+    def total_steps(self) -> int:
+        return self.plan.total_steps
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return self.plan.steps_per_epoch
 
     def stop_training(self, reason: str = "") -> None:
         self.stop_requested = True

@@ -1,31 +1,36 @@
 """``Method``: a speedup method as a bundle of optional pure pieces, and ``compose``, its ``optax.chain``.
 
 Composer's in-step events mutate eager tensors. Our step is one traced pure function, so each in-step event
-becomes a fixed *slot* where pure functions are composed at trace time (DESIGN §2):
+becomes a fixed *slot* where pure functions are composed at trace time (docs/design.md, "Methods and slots").
+Every slot has the same shape, ``slot(x, ctx) -> x``, and every slot receives the same :class:`StepCtx`:
 
-======== ============================================== ====================================================
-slot      signature                                      examples
-======== ============================================== ====================================================
-model     task -> task (host, once, before ``tx.init``)  BlurPool, SqueezeExcite
-batch     (batch, ctx) -> batch (in jit)                 MixUp, CutOut
-loss      loss_fn -> loss_fn (trace time)                LabelSmoothing, MixUp target interpolation
-grad      (grad_fn, ctx) -> grad_fn (trace time)         SAM, SelectiveBackprop
-tx        (optax tx, info) -> optax tx (trace time)      GradientClipping, LayerFreezing
-schedule  (alpha, info) -> alpha (trace time)            SWA's learning-rate annealing
-post_step ``PostStep(init, update)`` on extra state      EMA, SWA
-eval      (extra, params, state) -> (params, state)      EMA: evaluate with the averaged weights
-stage     (step, total, batch_shapes) -> hashable (host) static shapes: one compile per stage
-host      (event, run_state) -> None (host)              anything that must touch Python between steps
-data      (batch, rng) -> batch (host, numpy)            RandAugment, AugMix: per-example ops before the device
-======== ============================================== ====================================================
+========== ============================================= ==================================================
+slot        ``x`` (runs)                                  examples
+========== ============================================= ==================================================
+model       the task (host, once, before ``tx.init``)     BlurPool (torch surgery is looked up by name)
+batch       the batch dict (in jit)                       MixUp, CutOut, ProgressiveResizing
+loss        ``loss_fn(outputs, batch) -> (B,)`` (trace)   LabelSmoothing, MixUp's target interpolation
+grad        ``grad_fn`` (trace)                           SAM, SelectiveBackprop
+tx          the optax transformation (trace, every step)  GradientClipping, LayerFreezing, SWA
+schedule    ``alpha(step) -> LR multiplier`` (trace)      SWA's learning-rate annealing
+post_step   ``PostStep(init, update)`` on own state       EMA
+eval        own state -> (params, model_state) to eval    EMA, SWA
+stage       batch shapes -> hashable (host, every step)   static shapes: one compile per stage
+data        the numpy batch (host, before the device)     RandAugment, AugMix
+========== ============================================= ==================================================
 
-``loss_fn(outputs, batch) -> (B,)`` per-example losses. ``grad_fn(params, model_state, batch, key) ->
-((mean_loss, new_model_state), grads)``; grad wrappers see the whole (accumulated) batch and the step's ``StepCtx``
-(built inside the jitted step, so a wrapper may branch on the static ``ctx.stage``). ``alpha(step) -> multiplier``
-is the learning-rate schedule; ``info`` (:class:`RunInfo`) tells ``tx`` and ``schedule`` wrappers the run's
-length. Wrappers nest so the first-listed method is outermost, which gives Composer's first-in-last-out order
-(``BEFORE_LOSS`` A,B then ``AFTER_LOSS`` B,A) for free. Every in-jit slot sees its own method's ``ctx.key`` and
-``ctx.stage`` (the value its ``stage`` slot returned for this step), never another method's.
+``grad_fn(params, model_state, batch, key) -> ((mean_loss, new_model_state), grads)``. ``post_step`` is
+``PostStep(init(params, model_state, ctx) -> extra, update(extra, params, model_state, ctx) -> extra)``; ``eval``
+is ``eval(extra, params, model_state, ctx) -> (params, model_state)``; ``extra`` is the method's own state, kept in
+``TrainState.extras[name]``. The ``tx`` slot is built inside each step from that step's ctx (its state structure
+comes from building it once with the step-0 ctx), so an optimizer wrapper reads the clock from ``ctx.step`` and
+keeps no counter of its own.
+
+Composition is ``optax.chain``-like: model, batch, data and post_step run in list order; loss, grad, tx and
+schedule wrappers nest so the first-listed method is outermost, which gives Composer's first-in-last-out order
+(``BEFORE_LOSS`` A, B then ``AFTER_LOSS`` B, A) for free. A method declares where it sorts (``order``) and what it
+cannot share a recipe with (``exclusive``, ``conflicts_with``); the core knows no method by name. Methods share
+facts only through the ctx or their own state, never through closures.
 """
 from __future__ import annotations
 
@@ -36,92 +41,126 @@ import jax
 import numpy as np
 import optax
 
-from jaxcomposer.errors import JaxComposerError
-
-
-class StepCtx(NamedTuple):
-    """What in-jit slots know about the current step.
-
-    ``step`` and ``progress`` are traced scalars (number of optimizer steps taken before this one, and that number
-    over ``total_steps``); ``key`` is this method's own key for this step; ``stage``, ``total_steps`` and
-    ``steps_per_epoch`` are static Python values. ``per_example_loss(params, model_state, batch, key, *,
-    train=True) -> (losses (B,), new_model_state)`` is the run's forward (at its precision) followed by the
-    composed loss, for wrappers that must score examples without a gradient (SelectiveBackprop); ``grad_fn``
-    alone cannot give per-example values. None outside a train step.
-    """
-
-    step: jax.Array
-    progress: jax.Array
-    key: jax.Array
-    stage: Hashable = None
-    total_steps: int = 1
-    steps_per_epoch: int | None = None
-    per_example_loss: Callable | None = None
+from jaxcomposer.errors import MethodConflictError
 
 
 class RunInfo(NamedTuple):
-    """Static facts about the run, for ``tx`` and ``schedule`` wrappers (known before the first step)."""
+    """Static facts about the run, known before the first step: its length in steps (batches), the epoch length
+    (None for loaders without ``len()``) and the optimizer's base learning rate (None when it has no ``lr``)."""
 
     total_steps: int = 1
     steps_per_epoch: int | None = None
     base_lr: float | None = None
 
 
-class PostStep(NamedTuple):
-    """Extra state kept beside the params (EMA weights, SWA averages, ...).
+class ModelView(NamedTuple):
+    """What the model exposes to methods.
 
-    ``init(params, model_state) -> extra``; ``update(extra, params, model_state, ctx) -> extra`` runs in jit after
-    the optimizer update, with the new params.
+    ``param_order()`` gives the params' paths (tuples of strings, as :func:`jaxcomposer.core.model.param_path`
+    names them) in the order the forward pass first reads them: earliest layers first, the same for NNX and
+    bridged torch models (memoized; it traces the forward once, on first call). ``per_example_loss(params,
+    model_state, batch, key, *, train=True) -> (losses (B,), new_model_state)`` is the step's forward (at its
+    precision) and composed loss, for wrappers that must score examples without a gradient (SelectiveBackprop);
+    None outside a train step.
     """
 
-    init: Callable[[Any, Any], Any]
+    param_order: Callable[[], tuple[tuple[str, ...], ...]] | None = None
+    per_example_loss: Callable | None = None
+
+
+class StepCtx(NamedTuple):
+    """The one context every slot receives.
+
+    ``step`` is the clock: batches trained before this one (a traced int32 in jit, a Python int on the host); a
+    step skipped for a non-finite loss still advances it, as it advances the timestamp (docs/design.md, "The
+    clock"). ``key`` is this method's own key for this step (``fold_in(fold_in(run key, step), name)``; in the
+    host ``data`` slot, a ``numpy.random.Generator`` seeded from (seed, epoch, batch, name)). ``stage`` is the value
+    this method's ``stage`` slot returned for this step (static). ``run`` holds the static :class:`RunInfo`;
+    ``model`` the :class:`ModelView`.
+    """
+
+    step: Any = 0
+    key: Any = None
+    stage: Hashable = None
+    run: RunInfo = RunInfo()
+    model: ModelView = ModelView()
+
+    @property
+    def progress(self):
+        """Elapsed fraction of the run: ``step / total_steps`` (a traced float32 in jit)."""
+        return self.step / max(self.run.total_steps, 1)
+
+
+class PostStep(NamedTuple):
+    """A method's own state kept beside the params (EMA weights, ...): ``init(params, model_state, ctx) -> extra``
+    on the host; ``update(extra, params, model_state, ctx) -> extra`` in jit after the optimizer update."""
+
+    init: Callable[[Any, Any, StepCtx], Any]
     update: Callable[[Any, Any, Any, StepCtx], Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """A speedup method: a name and any subset of the slots described in this module's docstring.
+    """A speedup method: a name, any subset of the slots in this module's table, and its declared relations.
 
-    ``interpolates_targets`` marks methods that rewrite targets by mixing examples (MixUp, CutMix); two such
-    methods in one recipe are a conflict.
+    ``order``: methods sort by it, stably (lower is earlier in list order and outermost among wrappers).
+    ``exclusive``: capabilities at most one method of a recipe may hold (``"interpolates_targets"``: MixUp,
+    CutMix). ``conflicts_with``: names of methods this one refuses to share a recipe with.
     """
 
     name: str
-    model: Callable[[Any], Any] | None = None
+    model: Callable[[Any, StepCtx], Any] | None = None
     batch: Callable[[dict, StepCtx], dict] | None = None
-    loss: Callable[[Callable], Callable] | None = None
+    loss: Callable[[Callable, StepCtx], Callable] | None = None
     grad: Callable[[Callable, StepCtx], Callable] | None = None
-    tx: Callable[[optax.GradientTransformation, RunInfo], optax.GradientTransformation] | None = None
-    schedule: Callable[[Callable, RunInfo], Callable] | None = None
+    tx: Callable[[optax.GradientTransformation, StepCtx], optax.GradientTransformation] | None = None
+    schedule: Callable[[Callable, StepCtx], Callable] | None = None
     post_step: PostStep | None = None
-    eval: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
-    stage: Callable[[int, int, dict | None], Hashable] | None = None
-    host: Callable[[Any, Any], None] | None = None
-    data: Callable[[dict, Any], dict] | None = None
-    interpolates_targets: bool = False
+    eval: Callable[[Any, Any, Any, StepCtx], tuple[Any, Any]] | None = None
+    stage: Callable[[dict | None, StepCtx], Hashable] | None = None
+    data: Callable[[dict, StepCtx], dict] | None = None
+    order: int = 0
+    exclusive: frozenset[str] = frozenset()
+    conflicts_with: frozenset[str] = frozenset()
     description: str = ""
 
-
-class MethodConflictError(JaxComposerError, ValueError):
-    pass
-
-
-def method_key(base_key: jax.Array, step: jax.Array, name: str) -> jax.Array:
-    """The key a method gets at a step: a pure function of (seed, step, name), so a resumed run draws the same."""
-    return jax.random.fold_in(jax.random.fold_in(base_key, step), _name_hash(name))
+    def __post_init__(self):
+        for field in ("exclusive", "conflicts_with"):  # accept any iterable of names; a bare string is one name
+            value = getattr(self, field)
+            object.__setattr__(self, field, frozenset([value] if isinstance(value, str) else value))
 
 
-def _name_hash(name: str) -> int:
-    # A stable (not Python's salted hash) 31-bit number per name.
+class MethodEntry(NamedTuple):
+    """How a method file registers itself (its module-level ``ENTRY``): Composer's registry spelling (the YAML
+    ``algorithms:`` key, e.g. ``"mixup"``), the factory (Composer's class name, returning a :class:`Method`) and
+    the functional forms exported by ``jaxcomposer.functional``. ``jaxcomposer.algorithms`` collects every file's
+    ``ENTRY``, so adding a method edits no other file."""
+
+    registry_name: str
+    factory: Callable[..., Method]
+    functional: tuple[Callable, ...] = ()
+
+
+def name_hash(name: str) -> int:
+    """A stable (not Python's salted ``hash``) 31-bit number per name."""
     h = 0
     for ch in name.encode():
         h = (h * 131 + ch) % (2**31 - 1)
     return h
 
 
+def method_key(base_key: jax.Array, step: jax.Array, name: str) -> jax.Array:
+    """The key a method gets at a step: a pure function of (seed, step, name), so a resumed run draws the same."""
+    return jax.random.fold_in(jax.random.fold_in(base_key, step), name_hash(name))
+
+
 @dataclasses.dataclass(frozen=True)
 class Composed:
-    """The methods of a recipe folded into the slots the train step uses."""
+    """The methods of a recipe folded into the slots the train step uses.
+
+    Every ``apply_*``/``wrap_*`` takes the step's ctx with ``key`` = the step key ``fold_in(run key, step)`` and
+    ``stage`` = every method's stage (what :meth:`stage` returned); each method sees its own key and stage.
+    """
 
     methods: tuple[Method, ...]
 
@@ -129,92 +168,83 @@ class Composed:
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.methods)
 
-    def apply_model(self, task):
-        for m in self.methods:
-            if m.model is not None:
-                task = m.model(task)
-        return task
+    def _each(self, slot: str, reverse: bool = False):
+        ms = reversed(self.methods) if reverse else self.methods
+        return [(m, getattr(m, slot)) for m in ms if getattr(m, slot) is not None]
 
     @staticmethod
-    def _ctx_for(m: Method, ctx: StepCtx, base_key: jax.Array) -> StepCtx:
-        """``ctx`` as method ``m`` sees it: its own key and its own stage (``ctx.stage`` holds all of them)."""
+    def own(m: Method, ctx: StepCtx) -> StepCtx:
+        """``ctx`` as method ``m`` sees it: its own key and its own stage."""
         stage = dict(ctx.stage).get(m.name) if isinstance(ctx.stage, tuple) else None
-        return ctx._replace(key=method_key(base_key, ctx.step, m.name), stage=stage)
+        key = None if ctx.key is None else jax.random.fold_in(ctx.key, name_hash(m.name))
+        return ctx._replace(key=key, stage=stage)
 
-    def apply_batch(self, batch: dict, ctx: StepCtx, base_key: jax.Array) -> dict:
-        for m in self.methods:
-            if m.batch is not None:
-                batch = m.batch(batch, self._ctx_for(m, ctx, base_key))
+    def apply_model(self, task, ctx: StepCtx):
+        for m, f in self._each("model"):
+            task = f(task, self.own(m, ctx))
+        return task
+
+    def apply_batch(self, batch: dict, ctx: StepCtx) -> dict:
+        for m, f in self._each("batch"):
+            batch = f(batch, self.own(m, ctx))
         return batch
 
-    def apply_data(self, batch: dict, seed_parts: tuple[int, ...]) -> dict:
-        """Host-side data-pipeline methods, in list order; each draws from its own generator seeded by
-        ``seed_parts`` (run seed, epoch, batch in epoch) and its name, so a resumed run augments identically."""
-        for m in self.methods:
-            if m.data is not None:
-                seq = np.random.SeedSequence([*(int(p) for p in seed_parts), _name_hash(m.name)])
-                batch = m.data(batch, np.random.default_rng(seq))
+    def apply_data(self, batch: dict, ctx: StepCtx, seed_parts: tuple[int, ...]) -> dict:
+        """Host-side data methods, in list order; each draws from its own numpy generator seeded by ``seed_parts``
+        (run seed, epoch, batch in epoch) and its name, so a resumed run augments identically."""
+        for m, f in self._each("data"):
+            seq = np.random.SeedSequence([*(int(p) for p in seed_parts), name_hash(m.name)])
+            batch = f(batch, self.own(m, ctx)._replace(key=np.random.default_rng(seq)))
         return batch
 
     @property
     def has_data(self) -> bool:
-        return any(m.data is not None for m in self.methods)
+        return bool(self._each("data"))
 
-    def wrap_loss(self, loss_fn: Callable) -> Callable:
-        for m in reversed(self.methods):
-            if m.loss is not None:
-                loss_fn = m.loss(loss_fn)
+    def wrap_loss(self, loss_fn: Callable, ctx: StepCtx) -> Callable:
+        for m, f in self._each("loss", reverse=True):
+            loss_fn = f(loss_fn, self.own(m, ctx))
         return loss_fn
 
-    def wrap_grad(self, grad_fn: Callable, ctx: StepCtx, base_key: jax.Array) -> Callable:
-        for m in reversed(self.methods):
-            if m.grad is not None:
-                grad_fn = m.grad(grad_fn, self._ctx_for(m, ctx, base_key))
+    def wrap_grad(self, grad_fn: Callable, ctx: StepCtx) -> Callable:
+        for m, f in self._each("grad", reverse=True):
+            grad_fn = f(grad_fn, self.own(m, ctx))
         return grad_fn
 
-    def wrap_tx(self, tx: optax.GradientTransformation, info: RunInfo = RunInfo()) -> optax.GradientTransformation:
-        for m in reversed(self.methods):
-            if m.tx is not None:
-                tx = m.tx(tx, info)
+    def wrap_tx(self, tx: optax.GradientTransformation, ctx: StepCtx) -> optax.GradientTransformation:
+        for m, f in self._each("tx", reverse=True):
+            tx = f(tx, self.own(m, ctx))
         return tx
 
-    def wrap_schedule(self, alpha: Callable, info: RunInfo = RunInfo()) -> Callable:
-        for m in reversed(self.methods):
-            if m.schedule is not None:
-                alpha = m.schedule(alpha, info)
+    def wrap_schedule(self, alpha: Callable, ctx: StepCtx) -> Callable:
+        for m, f in self._each("schedule", reverse=True):
+            alpha = f(alpha, self.own(m, ctx))
         return alpha
 
-    def init_extras(self, params, model_state) -> dict:
-        return {m.name: m.post_step.init(params, model_state) for m in self.methods if m.post_step is not None}
+    def init_extras(self, params, model_state, ctx: StepCtx) -> dict:
+        return {m.name: p.init(params, model_state, self.own(m, ctx)) for m, p in self._each("post_step")}
 
-    def update_extras(self, extras: dict, params, model_state, ctx: StepCtx, base_key: jax.Array) -> dict:
+    def update_extras(self, extras: dict, params, model_state, ctx: StepCtx) -> dict:
         new = dict(extras)
-        for m in self.methods:
-            if m.post_step is not None:
-                new[m.name] = m.post_step.update(extras[m.name], params, model_state, self._ctx_for(m, ctx, base_key))
+        for m, p in self._each("post_step"):
+            new[m.name] = p.update(extras[m.name], params, model_state, self.own(m, ctx))
         return new
 
-    def eval_weights(self, extras: dict, params, model_state):
-        """Weights evaluation should use: the last method with an ``eval`` slot wins (EMA, SWA)."""
-        for m in self.methods:
-            if m.eval is not None:
-                params, model_state = m.eval(extras[m.name], params, model_state)
+    def eval_weights(self, extras: dict, params, model_state, ctx: StepCtx):
+        """The weights evaluation uses: each ``eval`` slot in list order may replace them (EMA, SWA)."""
+        for m, f in self._each("eval"):
+            params, model_state = f(extras.get(m.name), params, model_state, self.own(m, ctx))
         return params, model_state
 
-    def stage(self, step: int, total_steps: int, batch_shapes: dict | None = None) -> Hashable:
-        """Every method's stage for this step; ``batch_shapes`` (key -> shape of the loader's batch) lets a stage
-        size itself to the data (ProgressiveResizing pins sizes to the image width)."""
-        parts = tuple((m.name, m.stage(step, total_steps, batch_shapes)) for m in self.methods if m.stage is not None)
+    def stage(self, batch_shapes: dict | None, ctx: StepCtx) -> Hashable:
+        """Every method's stage for ``ctx.step`` (host): ``batch_shapes`` (key -> shape of the loader's batch)
+        lets a stage size itself to the data (ProgressiveResizing pins sizes to the image width)."""
+        parts = tuple((m.name, f(batch_shapes, self.own(m, ctx))) for m, f in self._each("stage"))
         return parts or None
-
-    def run_host(self, event, run_state) -> None:
-        for m in self.methods:
-            if m.host is not None:
-                m.host(event, run_state)
 
 
 def compose(methods: Sequence[Method] | None) -> Composed:
-    """Fold a recipe into slots, like ``optax.chain``; raise on known conflicts before anything is compiled."""
+    """Fold a recipe into slots, like ``optax.chain``; raise on declared conflicts before anything is compiled."""
     methods = tuple(methods or ())
     for m in methods:
         if not isinstance(m, Method):
@@ -224,12 +254,14 @@ def compose(methods: Sequence[Method] | None) -> Composed:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise MethodConflictError(f"algorithms: {dupes} listed more than once; each method may appear once.")
-    # Composer's sort_selective_backprop_first: selection must see the whole batch once, outside every other grad
-    # wrapper (SAM inside it then differentiates twice on the kept examples, instead of selecting twice)
-    methods = tuple(sorted(methods, key=lambda m: m.name != "SelectiveBackprop"))
-    mixers = [m.name for m in methods if m.interpolates_targets]
-    if len(mixers) > 1:
-        raise MethodConflictError(
-            f"algorithms: {mixers} both interpolate targets between examples; their target mixing would compound. "
-            "Keep one of them (Composer warns about the same conflict).")
-    return Composed(methods)
+    for m in methods:
+        clash = sorted(m.conflicts_with & set(names))
+        if clash:
+            raise MethodConflictError(f"algorithms: {m.name} cannot be combined with {clash}; keep one of them.")
+    for capability in sorted({c for m in methods for c in m.exclusive}):
+        holders = [m.name for m in methods if capability in m.exclusive]
+        if len(holders) > 1:
+            raise MethodConflictError(
+                f"algorithms: {holders} all claim {capability!r}, which one method of a recipe may hold "
+                f"(e.g. two methods that interpolate targets would compound their mixing). Keep one of them.")
+    return Composed(tuple(sorted(methods, key=lambda m: m.order)))

@@ -11,13 +11,14 @@ microbatching, masking padded eval examples and MixUp's ``interpolate_loss`` are
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from jaxcomposer.core import adapters
 
 Batch = Mapping[str, Any]
 ApplyFn = Callable[..., tuple[Any, Any]]
@@ -55,31 +56,73 @@ def from_nnx(module: nnx.Module) -> PureModel:
     return PureModel(apply=apply, params=params, state=state)
 
 
-def is_torch_module(model: Any) -> bool:
-    # Checked without importing torch (a slow import) for users who never touch it.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(model, torch.nn.Module)
-
-
 def to_pure_model(model: Any, example_inputs: Any = None) -> PureModel:
-    """Native NNX modules, bridged torch models and torch modules (given example inputs) as pure models."""
+    """Native NNX modules, objects with ``as_pure_model()`` (bridged torch models) and other frameworks' modules
+    (through their adapter, given example inputs) as pure models."""
     if isinstance(model, PureModel):
         return model
     if isinstance(model, nnx.Module):
         return from_nnx(model)
     if hasattr(model, "as_pure_model"):  # torch_bridge.BridgedModel
         return model.as_pure_model()
-    if is_torch_module(model):
+    if adapters.is_foreign_model(model):
         if example_inputs is None:
-            raise TypeError("model: a torch.nn.Module needs example inputs to be exported; the Trainer takes them "
-                            "from the first batch, or call task.bind(batch) yourself.")
-        import torch
-        from torch_bridge import from_torch
-        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        inputs = tuple(torch.from_numpy(np.array(x)) for x in inputs)
-        return from_torch(model, inputs, dynamic_batch=True).as_pure_model()
+            raise TypeError(f"model: a {type(model).__name__} needs example inputs to be converted; the Trainer takes "
+                            "them from the first batch, or call task.bind(batch) yourself.")
+        return adapters.adapter_for(model).to_pure_model(model, example_inputs)
     raise TypeError(
         f"model: expected a flax.nnx.Module, a torch.nn.Module or a jaxcomposer PureModel, got {type(model).__name__}.")
+
+
+def param_path(keypath) -> tuple[str, ...]:
+    """A param's path as strings: dict keys (a bridged model's ``'layer1.0.conv1.weight'`` split on dots, so modules
+    become levels), sequence indices; the ``.value`` inside an ``nnx.Variable`` is not a level."""
+    out: list[str] = []
+    for k in keypath:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.extend(str(k.key).split("."))
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            out.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            out.append(str(k.key))
+    return tuple(out)
+
+
+def param_use_order(forward: Callable, params: Any, state: Any, batch: Batch) -> tuple[tuple[str, ...], ...]:
+    """Param paths in the order ``forward(params, state, batch, train=True, key=...)`` first reads them.
+
+    Read off the forward's jaxpr, so it is the same for NNX and bridged torch models and needs no definition
+    order (which ``nnx.clone`` loses). Params first read by the same equation (a nested jit that takes a whole
+    layer) are ordered inside it when the equation carries one sub-jaxpr, else by their flatten order.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    paths = [param_path(kp) for kp, _ in leaves]
+    closed = jax.make_jaxpr(lambda p: forward(p, state, batch, train=True, key=jax.random.PRNGKey(0))[0])(params)
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def visit(jaxpr, index: dict) -> None:
+        for eqn in jaxpr.eqns:
+            hits = [(i, v) for i, v in enumerate(eqn.invars) if _is_var(v) and v in index]
+            if not hits:
+                continue
+            subs = [j for j in eqn.params.values() if hasattr(j, "eqns") or hasattr(j, "jaxpr")]
+            sub = subs[0] if len(subs) == 1 else None
+            sub = getattr(sub, "jaxpr", sub)
+            if sub is not None and len(sub.invars) == len(eqn.invars):
+                visit(sub, {sub.invars[i]: index[v] for i, v in hits})
+            for leaf in sorted(index[v] for _, v in hits):
+                if leaf not in seen:
+                    seen.add(leaf)
+                    order.append(leaf)
+
+    visit(closed.jaxpr, {v: i for i, v in enumerate(closed.jaxpr.invars)})
+    order += [i for i in range(len(paths)) if i not in seen]  # params the forward never reads go last
+    return tuple(paths[i] for i in order)
+
+
+def _is_var(v) -> bool:
+    return type(v).__name__ != "Literal"
 
 
 class Task:
@@ -95,9 +138,9 @@ class Task:
     num_classes: int | None = None
 
     def __init__(self, model: Any):
-        # A torch module is exported once example inputs are known (``bind``); everything else converts now.
+        # A foreign (torch) module is converted once example inputs are known (``bind``); the rest converts now.
         self.source = model
-        self._pure = None if is_torch_module(model) else to_pure_model(model)
+        self._pure = None if adapters.is_foreign_model(model) else to_pure_model(model)
 
     @property
     def pure(self) -> PureModel:
@@ -136,7 +179,7 @@ class Task:
         """A copy of this task around another model (surgery returns new objects, it never edits in place)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
-        new.source, new._pure = model, (None if is_torch_module(model) else to_pure_model(model))
+        new.source, new._pure = model, (None if adapters.is_foreign_model(model) else to_pure_model(model))
         return new
 
     def forward(self, params, state, batch: Batch, *, train: bool, key=None):

@@ -1,6 +1,6 @@
 """Data: in-memory grain loaders with exact resume, device prefetch, and datasets available offline.
 
-See DESIGN.md §5. Everything here returns numpy on the host; ``prefetch_to_device`` moves batches to devices.
+See docs/design.md, "Data". Everything here returns numpy on the host; ``prefetch_to_device`` moves batches to devices.
 """
 
 from jaxcomposer.data.datasets import (

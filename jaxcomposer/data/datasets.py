@@ -1,7 +1,7 @@
 """Real image datasets that are available offline: Fashion-MNIST (Debian package) and scikit-learn's digits.
 
 Why these: CI and the benchmark machines have no network, so every dataset here is read from files that a
-package installs (see /work/shared/reference/perf.md §B). Images stay ``uint8`` NHWC to save memory (4x less
+package installs (docs/design.md, "Data"). Images stay ``uint8`` NHWC to save memory (4x less
 than float32, and the gather in ``ArrayLoader`` moves 4x fewer bytes); normalize on device with
 ``normalize_images`` inside the jitted step. Labels are ``int32`` (JAX's default integer width).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxcomposer.errors import JaxComposerError
+from jaxcomposer.errors import DatasetNotFoundError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL_HINT = (
@@ -42,8 +42,6 @@ DIGITS_MEAN = 0.3053087
 DIGITS_STD = 0.3758859
 
 
-class DatasetNotFoundError(JaxComposerError, FileNotFoundError):
-    """A dataset's files are not on this machine; the message says where we looked and how to install them."""
 
 
 def normalize_images(x: Any, mean: float | Sequence[float], std: float | Sequence[float]) -> Any:

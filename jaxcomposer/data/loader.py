@@ -5,7 +5,7 @@ memory, so the fastest correct loader is "shuffle indices, gather a whole batch 
 grain supplies the index pipeline (``MapDataset.range(n).shuffle(seed).batch(b)``): its shuffle is a stateless,
 random-access permutation, so the permutation of an epoch is a pure function of ``(seed, epoch)`` and any batch
 can be addressed directly. That makes resuming cheap (skip to batch ``k`` without touching earlier batches) and
-bitwise exact, which DESIGN.md §5 requires of the whole ``TrainState``.
+bitwise exact, which exact resume requires (docs/design.md, "Train state and checkpoints").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A byte-level language-modelling corpus that exists on every machine: the running Python's standard library.
 
-Why: there is no offline natural-text corpus we can rely on (perf.md §B), but CPython's ``.py`` sources
-(~11 MB for 3.11, English comments and docstrings plus code) are always installed. The corpus depends on the
+Why: there is no offline natural-text corpus we can rely on (nothing may download at run time), but CPython's
+``.py`` sources (~11 MB for 3.11, English comments and docstrings plus code) are always installed. The corpus depends on the
 Python version (the device image runs 3.12), so pass ``stdlib_dir`` or build tokens once and carry them when
 exact cross-machine equality matters.
 """

@@ -1,7 +1,7 @@
 """Read a prepared TFDS dataset into numpy arrays without TensorFlow.
 
 Why this path: TFDS 4.9.10 reads ``array_record`` datasets through ``builder.as_data_source(split)`` with no
-TensorFlow installed (ecosystem.md §4), while ``tfds.load``/``as_dataset``/``as_numpy`` and the TFRecord format
+TensorFlow installed (docs/design.md, "Data"), while ``tfds.load``/``as_dataset``/``as_numpy`` and the TFRecord format
 all need TF. So datasets must be prepared with ``file_format='array_record'``; the errors below say so.
 ``tfds.testing.mock_data`` also works here, which is how the quickstart and tests can use TFDS offline.
 """

@@ -13,6 +13,10 @@ from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 
 
+# A config's ``model.name`` -> the model class; its constructor's keywords are the config keys.
+BUILDERS: dict[str, Any] = {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "gpt": GPT}
+
+
 def num_params(model: Any) -> int:
     """Trainable parameter count of an NNX module (its ``nnx.Param`` leaves), a PureModel, or any params pytree.
 
@@ -24,4 +28,4 @@ def num_params(model: Any) -> int:
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-__all__ = ["GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ComposerClassifier", "ComposerCausalLM", "num_params"]
+__all__ = ["BUILDERS", "GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ComposerClassifier", "ComposerCausalLM", "num_params"]

@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
-from jaxcomposer.errors import JaxComposerError
+from jaxcomposer.errors import CheckpointError, CorruptCheckpointError
 
 WEIGHTS, TRAIN, META = "weights", "train", "meta"
 WEIGHT_FIELDS = ("params", "model_state")
@@ -41,12 +41,6 @@ CHECKSUMS = "checksums.json"
 _TMP = ".orbax-checkpoint-tmp"
 
 
-class CheckpointError(JaxComposerError, ValueError):
-    pass
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A saved file no longer matches the checksum written when its step was committed (bit rot, truncation)."""
 
 
 # ---- integrity -------------------------------------------------------------------------------------------------

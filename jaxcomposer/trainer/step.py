@@ -3,6 +3,7 @@
 Order inside one train step (Composer's in-step events, as slots):
   batch slots (AFTER_DATALOADER/BEFORE_FORWARD) -> forward -> loss wrappers (BEFORE/AFTER_LOSS) -> grad wrappers
   around gradient accumulation (BACKWARD) -> tx wrappers + optimizer (AFTER_TRAIN_BATCH, step) -> post_step (BATCH_END).
+Every slot gets the step's one ``StepCtx`` (docs/design.md, "The train step").
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxcomposer.core.method import Composed, StepCtx
+from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
 from jaxcomposer.core.state import TrainState
 
 PRECISIONS = ("fp32", "amp_bf16")
@@ -102,30 +103,46 @@ def accumulate_gradients(grad_fn: Callable, num_microbatches: int, data_sharding
     return accumulated
 
 
-def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, *, precision: str = "fp32",
-                    num_microbatches: int = 1, total_steps: int = 1, steps_per_epoch: int | None = None,
-                    mesh=None) -> Callable:
-    """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``)."""
+def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: Composed) -> Callable:
+    """``build_tx(ctx) -> tx``: the optimizer chain for one step, built from that step's ctx.
+
+    The LR multiplier is ``alpha(ctx.step)`` after the ``schedule`` wrappers, and the ``tx`` wrappers see the same
+    ctx, so the schedule and every optimizer wrapper read the one clock. Built once with the step-0 ctx for
+    ``init`` (the state's structure does not depend on the step), then inside every traced step."""
+
+    def build_tx(ctx: StepCtx) -> optax.GradientTransformation:
+        multiplier = composed.wrap_schedule(alpha, ctx)(ctx.step)
+        return composed.wrap_tx(optax.chain(base, optax.scale(multiplier)), ctx)
+
+    return build_tx
+
+
+def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
+                    num_microbatches: int = 1, mesh=None, param_order: Callable | None = None) -> Callable:
+    """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``).
+
+    ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``param_order`` is the memoized
+    :attr:`ModelView.param_order` the methods see."""
     data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
-    loss_fn = composed.wrap_loss(task.loss)
-    per_example_loss = make_per_example_loss(task, loss_fn, precision)
-    grad_fn = accumulate_gradients(make_grad_fn(task, loss_fn, precision), num_microbatches, data_sharding)
 
     def train_step(state: TrainState, batch: dict, stage=None):
-        step_key = jax.random.fold_in(state.key, state.step)
-        ctx = StepCtx(step=state.step, progress=state.step.astype(jnp.float32) / max(total_steps, 1),
-                      key=step_key, stage=stage, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
-                      per_example_loss=per_example_loss)
-        batch = composed.apply_batch(dict(batch), ctx, state.key)
-        (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx, state.key)(state.params, state.model_state, batch,
-                                             jax.random.fold_in(step_key, _FORWARD_KEY))
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
+                      model=ModelView(param_order=param_order))
+        loss_fn = composed.wrap_loss(task.loss, ctx)
+        per_example_loss = make_per_example_loss(task, loss_fn, precision)
+        ctx = ctx._replace(model=ctx.model._replace(per_example_loss=per_example_loss))
+        grad_fn = accumulate_gradients(make_grad_fn(task, loss_fn, precision), num_microbatches, data_sharding)
+        batch = composed.apply_batch(dict(batch), ctx)
+        (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx)(
+            state.params, state.model_state, batch, jax.random.fold_in(ctx.key, _FORWARD_KEY))
+        updates, opt_state = build_tx(ctx).update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        extras = composed.update_extras(state.extras, params, model_state, ctx, state.key)
+        extras = composed.update_extras(state.extras, params, model_state, ctx)
         grad_norm = optax.tree.norm(grads)
         # A non-finite loss or gradient never reaches the state: the step keeps the old params, optimizer and
         # method state (the host then raises or counts the skip). Unlike optax.apply_if_finite, there is no
-        # "apply anyway" after N failures. The step counter still advances: the batch was consumed.
+        # "apply anyway" after N failures. The clock still advances (the batch was consumed), and since every
+        # method and the schedule read the clock, none of them disagrees about the step afterwards.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                             (params, model_state, opt_state, extras),
@@ -136,13 +153,13 @@ def make_train_step(task, tx: optax.GradientTransformation, composed: Composed, 
     return train_step
 
 
-def make_eval_step(task, composed: Composed, *, precision: str = "fp32") -> Callable:
+def make_eval_step(task, composed: Composed, run: RunInfo, *, precision: str = "fp32") -> Callable:
     """``eval_step(state, batch, mask) -> ({metric: masked sum}, count)``: sums, so batches add up exactly and
     padded examples (mask 0) count for nothing. Methods with an ``eval`` slot (EMA) choose the weights."""
     forward = make_forward(task, precision)
 
     def eval_step(state: TrainState, batch: dict, mask: jax.Array):
-        params, model_state = composed.eval_weights(state.extras, state.params, state.model_state)
+        params, model_state = eval_weights(composed, state, run)
         outputs, _ = forward(params, model_state, batch, train=False, key=None)
         per_example = task.metrics(outputs, batch)
         return {k: (v.astype(jnp.float32) * mask).sum() for k, v in per_example.items()}, mask.sum()
@@ -150,15 +167,21 @@ def make_eval_step(task, composed: Composed, *, precision: str = "fp32") -> Call
     return eval_step
 
 
-def make_predict_step(task, composed: Composed, *, precision: str = "fp32") -> Callable:
+def make_predict_step(task, composed: Composed, run: RunInfo, *, precision: str = "fp32") -> Callable:
     forward = make_forward(task, precision)
 
     def predict_step(state: TrainState, batch: dict):
-        params, model_state = composed.eval_weights(state.extras, state.params, state.model_state)
+        params, model_state = eval_weights(composed, state, run)
         outputs, _ = forward(params, model_state, batch, train=False, key=None)
         return outputs
 
     return predict_step
+
+
+def eval_weights(composed: Composed, state: TrainState, run: RunInfo):
+    """The params and model state evaluation uses, after the methods' ``eval`` slots (EMA, SWA)."""
+    ctx = StepCtx(step=state.step, key=None, run=run)
+    return composed.eval_weights(state.extras, state.params, state.model_state, ctx)
 
 
 def jit_train_step(train_step: Callable, mesh) -> Callable:
@@ -173,11 +196,15 @@ def jit_eval_step(eval_step: Callable, mesh) -> Callable:
     return jax.jit(eval_step, in_shardings=(replicated, data, data), out_shardings=replicated)
 
 
-def init_train_state(task, tx: optax.GradientTransformation, composed: Composed, seed: int, mesh) -> TrainState:
+def init_train_state(task, build_tx: Callable, composed: Composed, run: RunInfo, seed: int, mesh,
+                     param_order: Callable | None = None) -> TrainState:
+    """The state before the first step; optimizer and method states are built with the step-0 ctx."""
     params, model_state = task.params, task.state
+    key = jax.random.PRNGKey(seed)
+    ctx = StepCtx(step=0, key=jax.random.fold_in(key, 0), run=run, model=ModelView(param_order=param_order))
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
-                       opt_state=tx.init(params), extras=composed.init_extras(params, model_state),
-                       key=jax.random.PRNGKey(seed))
+                       opt_state=build_tx(ctx).init(params), extras=composed.init_extras(params, model_state, ctx),
+                       key=key)
     return jax.device_put(state, NamedSharding(mesh, P()))
 
 

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import random
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,12 +20,13 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
-from jaxcomposer.core.events import Callback, Event, RunState
-from jaxcomposer.core.method import RunInfo, compose
-from jaxcomposer.core.model import Task, is_torch_module
+from jaxcomposer.core.events import Callback, Event, RunPlan, RunState
+from jaxcomposer.core import adapters
+from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
+from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
-from jaxcomposer.errors import JaxComposerError
+from jaxcomposer.errors import ConfigurationError, Preempted
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
@@ -33,8 +34,6 @@ from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 
 
-class ConfigurationError(JaxComposerError, ValueError):
-    """A bad argument or config value, reported before anything is compiled or written."""
 
 
 def as_batch(batch: Any) -> dict:
@@ -71,7 +70,7 @@ class Trainer:
                  load_ignore_keys: Sequence[str] | None = None, autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
-        if is_torch_module(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
+        if adapters.is_foreign_model(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
             model = ComposerClassifier(model)
         if not isinstance(model, Task):
@@ -90,8 +89,8 @@ class Trainer:
         if scale_schedule_ratio != 1.0 and not schedulers:
             raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
                                      "(as in Composer), so pass schedulers=... too.")
-        self.max_duration = None if max_duration is None else _scale(_parse_max_duration(max_duration),
-                                                                      scale_schedule_ratio)
+        max_duration = None if max_duration is None else _scale(_parse_max_duration(max_duration),
+                                                                 scale_schedule_ratio)
         self.eval_interval = self._parse_eval_interval(eval_interval)
         if device_train_microbatch_size is not None and device_train_microbatch_size <= 0:
             raise ConfigurationError(f"device_train_microbatch_size: got {device_train_microbatch_size}, expected a "
@@ -122,26 +121,23 @@ class Trainer:
         self.train_subset_num_batches = train_subset_num_batches
         self.eval_subset_num_batches = eval_subset_num_batches
         self.microbatch_size = device_train_microbatch_size
-        self.steps_per_epoch = _len_or_none(train_dataloader, train_subset_num_batches)
         self.scale_schedule_ratio = scale_schedule_ratio
 
-        self.task = self.composed.apply_model(model)  # surgery first: on a torch module it runs before export
-        if not self.task.is_bound:
-            self.task.bind(self._example_batch())
         if isinstance(optimizers, (list, tuple)) and not hasattr(optimizers, "update"):  # Composer: [opt]
             if len(optimizers) != 1:
                 raise ConfigurationError(f"optimizers: exactly one optimizer is supported (as in Composer), got "
                                          f"{len(optimizers)}; combine parameter groups with optax.multi_transform")
             optimizers = optimizers[0]
-        base = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
-        self.base_lr = getattr(base, "lr", None)
-        self.total_steps = self._total_steps()
-        info = RunInfo(total_steps=self.total_steps, steps_per_epoch=self.steps_per_epoch, base_lr=self.base_lr)
-        alpha = self.composed.wrap_schedule(compose_schedules(
-            schedulers, max_batches=self.total_steps, steps_per_epoch=self.steps_per_epoch, ssr=scale_schedule_ratio),
-            info)
-        self.lr_multiplier = jax.jit(alpha)  # jitted: LRMonitor may ask every batch
-        self.tx = self.composed.wrap_tx(optax.chain(base, optax.scale_by_schedule(alpha)), info)
+        self.optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
+        self.base_lr = getattr(self.optimizer, "lr", None)
+        self.schedulers = schedulers
+        self._replan(max_duration)
+        # surgery first: on a torch module it runs before export
+        self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
+        if not self.task.is_bound:
+            self.task.bind(self._example_batch())
+        self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
+            lambda: param_use_order(self.task.forward, self.task.params, self.task.state, self._example_batch()))
 
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
@@ -155,9 +151,8 @@ class Trainer:
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
 
-        self._train_steps: dict = {}
-        self._eval_step = None
-        state = steps.init_train_state(self.task, self.tx, self.composed, self.seed, self.mesh)
+        state = steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info, self.seed, self.mesh,
+                                       self.param_order)
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
@@ -166,16 +161,62 @@ class Trainer:
                                                      ignore_keys=load_ignore_keys, label=f"load_path {load_dir}")
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
         self._last_saved = timestamp.batch if resume_step is not None else None
-        self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, max_duration=self.max_duration,
-                              timestamp=timestamp, train_state=state, total_steps=self.total_steps,
-                              steps_per_epoch=self.steps_per_epoch, learning_rate=self._lr_at)
+        self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
+                              train_state=state, learning_rate=self._lr_at)
         self._fire(Event.INIT)
 
+    # ---- the run's plan: max_duration lives in one place ----
+    @property
+    def max_duration(self) -> Time | None:
+        return self.plan.max_duration
+
+    @property
+    def total_steps(self) -> int:
+        return self.plan.total_steps
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return self.plan.steps_per_epoch
+
+    @property
+    def run_info(self) -> RunInfo:
+        return RunInfo(self.plan.total_steps, self.plan.steps_per_epoch, self.base_lr)
+
+    def _replan(self, max_duration: Time | None) -> None:
+        """Build the plan (durations, total steps, the LR schedule) for ``max_duration`` and the current train
+        loader. The schedule and the methods' static facts are baked into the compiled step, so a new plan drops
+        the compiled steps."""
+        steps_per_epoch = _len_or_none(self.train_dataloader, self.train_subset_num_batches)
+        self.plan = RunPlan(max_duration, self._total_steps(max_duration, steps_per_epoch), steps_per_epoch)
+        alpha = compose_schedules(self.schedulers, max_batches=self.plan.total_steps,
+                                  steps_per_epoch=steps_per_epoch, ssr=self.scale_schedule_ratio)
+        self.build_tx = steps.make_base_tx(self.optimizer, alpha, self.composed)
+        # jitted: LRMonitor may ask every batch
+        self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
+        self._train_steps: dict = {}
+        self._eval_step = None
+        if getattr(self, "state", None) is not None:
+            self.state.plan = self.plan
+
     # ---- public API ----
-    def fit(self) -> RunState:
+    def fit(self, *, train_dataloader: Iterable | None = None, duration: int | str | Time | None = None) -> RunState:
+        """Train until ``max_duration``, as Composer's ``Trainer.fit``.
+
+        ``train_dataloader`` replaces the loader given at construction. ``duration`` trains that much more from
+        the current timestamp (``'2ep'``, ``'100ba'``, or an int of epochs): as in Composer, ``max_duration``
+        becomes ``timestamp + duration``, so schedules and methods plan with the new length (and the step is
+        compiled again). Either argument makes a new plan; a call without them continues the current one."""
+        if train_dataloader is not None:
+            self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
+        if duration is not None:
+            d = _parse_duration(duration, "duration")
+            self._replan(Time(self.state.timestamp.get(d.unit).value + d.value, d.unit))
+        elif train_dataloader is not None:
+            self._replan(self.max_duration)
         if self.train_dataloader is None or self.max_duration is None:
             missing = "train_dataloader" if self.train_dataloader is None else "max_duration"
-            raise ConfigurationError(f"{missing}: required to fit (e.g. max_duration='10ep').")
+            raise ConfigurationError(f"{missing}: required to fit (e.g. max_duration='10ep', or "
+                                     "fit(duration='10ep')).")
         st = self.state
         st.stop_requested = False
         with _PreemptionGuard() as preemption:
@@ -194,8 +235,8 @@ class Trainer:
             for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True,
                                               position=(st.timestamp.epoch, st.timestamp.batch_in_epoch)):
                 self._fire(Event.BATCH_START)
-                stage = self.composed.stage(int(st.timestamp.batch), self.total_steps,
-                                            {k: tuple(v.shape) for k, v in batch.items()})
+                stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
+                                            self._host_ctx(int(st.timestamp.batch)))
                 n, seen = _batch_size(batch), seen + 1
                 st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage)
                 st.batch_size = n
@@ -262,7 +303,7 @@ class Trainer:
             raise ConfigurationError("eval_dataloader: required to evaluate")
         if self._eval_step is None:
             self._eval_step = steps.jit_eval_step(
-                steps.make_eval_step(self.task, self.composed, precision=self.precision), self.mesh)
+                steps.make_eval_step(self.task, self.composed, self.run_info, precision=self.precision), self.mesh)
         self._fire(Event.EVAL_START)
         sums, count, pad_to = {}, 0.0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -288,7 +329,7 @@ class Trainer:
         return metrics
 
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
-        fn = jax.jit(steps.make_predict_step(self.task, self.composed, precision=self.precision))
+        fn = jax.jit(steps.make_predict_step(self.task, self.composed, self.run_info, precision=self.precision))
         outputs = []
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
@@ -381,9 +422,12 @@ class Trainer:
 
     # ---- helpers ----
     def _fire(self, event: Event) -> None:
-        self.composed.run_host(event, self.state)
         for cb in self.callbacks:
             cb.run_event(event, self.state, self.logger)
+
+    def _host_ctx(self, step: int) -> StepCtx:
+        """The ctx host-side slots (stage, data) and the LR monitor see at ``step``."""
+        return StepCtx(step=step, run=self.run_info, model=ModelView(param_order=self.param_order))
 
     def _since_mark(self) -> datetime.timedelta:
         """Wall time since the previous batch or epoch end: summed, the timestamp's ``total_wct`` is the fit's
@@ -427,9 +471,9 @@ class Trainer:
         """The jitted train step for a batch size (the number of microbatches is static: one compile each)."""
         n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
         if n not in self._train_steps:
-            fn = steps.make_train_step(self.task, self.tx, self.composed, precision=self.precision,
-                                       num_microbatches=n, total_steps=self.total_steps,
-                                       steps_per_epoch=self.steps_per_epoch, mesh=self.mesh)
+            fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
+                                       precision=self.precision, num_microbatches=n, mesh=self.mesh,
+                                       param_order=self.param_order)
             self._train_steps[n] = steps.jit_train_step(fn, self.mesh)
         return self._train_steps[n]
 
@@ -439,6 +483,7 @@ class Trainer:
         sharding = NamedSharding(self.mesh, P("data"))
         augment = position is not None and self.composed.has_data
         start = 0 if position is None else position[1]  # a resumed epoch starts mid-way: count from there
+        first_step = int(self.state.timestamp.batch)  # the clock at this pass's first batch
 
         def host_batches():
             for i, raw in enumerate(loader, start):
@@ -448,7 +493,8 @@ class Trainer:
                 if check:
                     self._check_train_batch(batch)
                 if augment:
-                    batch = self.composed.apply_data(batch, (self.seed, position[0], i))
+                    ctx = self._host_ctx(first_step + i - start)
+                    batch = self.composed.apply_data(batch, ctx, (self.seed, position[0], i))
                 yield batch
 
         return prefetch_to_device(host_batches(), size=2, sharding=sharding)
@@ -465,14 +511,12 @@ class Trainer:
                 f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "
                 f"multiple of the device count {self.num_devices}.")
 
-    def _total_steps(self) -> int:
-        md = self.max_duration
+    def _total_steps(self, md: Time | None, steps_per_epoch: int | None) -> int:
         if md is None:
             return 1
         batch_size = getattr(self.train_dataloader, "batch_size", None)
         try:
-            return max(1, to_batches(md, steps_per_epoch=self.steps_per_epoch, max_batches=None,
-                                     batch_size=batch_size))
+            return max(1, to_batches(md, steps_per_epoch=steps_per_epoch, max_batches=None, batch_size=batch_size))
         except ValueError as e:
             raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
 
@@ -491,21 +535,6 @@ class Trainer:
             raise ConfigurationError(f"{name}: got {value!r}, expected a positive number of epochs or batches "
                                      "such as '1ep' or '500ba' (0 disables it)")
         return iv
-
-
-class Preempted(KeyboardInterrupt):
-    """Training stopped on SIGTERM or SIGINT after finishing a step and saving it. A KeyboardInterrupt, so a
-    notebook cell stops cleanly; ``jaxcomposer fit`` turns it into exit code ``128 + signal`` (143 for SIGTERM,
-    130 for SIGINT), and ``autoresume=True`` continues from the saved step."""
-
-    def __init__(self, signum: int, batch: int, folder):
-        self.signum, self.batch, self.folder = signum, batch, folder
-        where = f"saved batch {batch} to {folder}" if folder else "nothing saved (no save_folder)"
-        super().__init__(f"{signal.Signals(signum).name} received: stopped after batch {batch}; {where}")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 class _PreemptionGuard:
@@ -533,28 +562,25 @@ class _PreemptionGuard:
 
 
 def _as_loader(loader, name: str):
-    """Torch DataLoaders are wrapped (numpy batches, epoch seeding); a bare torch Dataset has no batch size."""
-    torch = sys.modules.get("torch")
-    if torch is None or loader is None:
-        return loader
-    if isinstance(loader, torch.utils.data.DataLoader):
-        from torch_bridge.data import from_dataloader
-        return from_dataloader(loader)
-    if isinstance(loader, torch.utils.data.Dataset):
-        raise ConfigurationError(f"{name}: got a torch Dataset, which has no batch size; pass "
-                                 f"torch_bridge.data.from_dataset(dataset, batch_size=...) or a torch DataLoader")
-    return loader
+    """Another framework's loader (a torch DataLoader) through its adapter; our own loaders pass through."""
+    adapter = adapters.adapter_for(loader)
+    converted = None if adapter is None or adapter.to_loader is None else adapter.to_loader(loader, name)
+    return loader if converted is None else converted
 
 
-def _parse_max_duration(value) -> Time:
+def _parse_duration(value, name: str) -> Time:
     try:
         t = Time.from_input(value, TimeUnit.EPOCH)
     except (TypeError, ValueError) as e:
-        raise ConfigurationError(f"max_duration: {e}") from e
+        raise ConfigurationError(f"{name}: {e}") from e
     if t.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN) or t.value <= 0:
-        raise ConfigurationError(f"max_duration: got {value!r}, expected a positive duration in ep, ba, sp or tok "
+        raise ConfigurationError(f"{name}: got {value!r}, expected a positive duration in ep, ba, sp or tok "
                                  "such as '10ep' or '500ba'")
     return t
+
+
+def _parse_max_duration(value) -> Time:
+    return _parse_duration(value, "max_duration")
 
 
 def _scale(t: Time, ssr: float) -> Time:

@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from jaxcomposer.algorithms import augmentation_primitives as ap
+from jaxcomposer.core.method import StepCtx
 from jaxcomposer.data import normalize_images
 
 ALL_OPS = ap.augmentation_sets["all"]
@@ -267,12 +268,27 @@ def test_map_images_rejects_what_is_not_an_image():
     np.testing.assert_array_equal(ap.map_images(_identity, edge, 0), [[[[0.0], [1.0]]]])
 
 
+def data_ctx(rng, step: int = 0) -> StepCtx:
+    """The ctx a host ``data`` slot sees: ``key`` is the batch's numpy Generator, ``step`` the global batch index."""
+    return StepCtx(step=step, key=rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng))
+
+
 def test_image_data_fn_errors_are_clear():
     fn = ap.image_data_fn("RandAugment", _identity, "input", "NHWC", None, None)
     with pytest.raises(ValueError, match="must be a batch of images \\(N, H, W, C\\).*got shape \\(4, 64\\)"):
-        fn({"input": np.zeros((4, 64), np.float32)}, np.random.default_rng(0))
+        fn({"input": np.zeros((4, 64), np.float32)}, data_ctx(0))
     with pytest.raises(KeyError, match="no 'input' entry"):
-        fn({"x": np.zeros((4, 8, 8, 1), np.float32)}, np.random.default_rng(0))
+        fn({"x": np.zeros((4, 8, 8, 1), np.float32)}, data_ctx(0))
+
+
+def test_image_data_fn_draws_from_ctx_key():
+    noisy = lambda img, rng: Image.fromarray(  # noqa: E731
+        (np.asarray(img).astype(int) + rng.integers(0, 50, np.asarray(img).shape)).clip(0, 255).astype(np.uint8))
+    fn = ap.image_data_fn("RandAugment", noisy, "input", "NHWC", None, None)
+    u = np.random.default_rng(3).integers(0, 200, (4, 3, 3, 3)).astype(np.uint8)
+    out = fn({"input": u}, data_ctx(np.random.default_rng(5), step=9))["input"]
+    np.testing.assert_array_equal(out, ap.map_images(noisy, u, np.random.default_rng(5)))  # the key, not the step
+    np.testing.assert_array_equal(out, fn({"input": u}, data_ctx(np.random.default_rng(5), step=0))["input"])
 
 
 # -- shared by test_randaugment and test_augmix: what the Trainer feeds its step ----------------------------------
@@ -290,8 +306,8 @@ def trainer_train_inputs(method, steps: int = 2, seed: int = 7):
     from jaxcomposer.optim import DecoupledSGDW
     from tests.trainer.helpers import digits
 
-    seen = []
-    spy = Method(name="Spy", data=lambda b, rng: (seen.append(np.array(b["input"])), b)[1])
+    seen, clock = [], []
+    spy = Method(name="Spy", data=lambda b, ctx: (seen.append(np.array(b["input"])), clock.append(ctx.step), b)[2])
     data = digits("train", n=64)
     trainer = Trainer(model=ComposerClassifier(MLP(64, hidden=(8,), num_classes=10, rngs=nnx.Rngs(0)),
                                                num_classes=10),
@@ -300,5 +316,7 @@ def trainer_train_inputs(method, steps: int = 2, seed: int = 7):
                       devices=jax.devices()[:1])
     trainer.fit()
     raw = [dict(b) for _, b in zip(range(steps), ArrayLoader(data, 32, seed=3))]
-    expected = [compose([method]).apply_data(dict(b), (seed, 0, i))["input"] for i, b in enumerate(raw)]
+    assert clock == list(range(steps))  # the data slot's ctx.step is the global batch index
+    expected = [compose([method]).apply_data(dict(b), StepCtx(step=i), (seed, 0, i))["input"]
+                for i, b in enumerate(raw)]
     return seen, [b["input"] for b in raw], expected

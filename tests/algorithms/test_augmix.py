@@ -4,10 +4,16 @@ import pytest
 from PIL import Image
 
 from jaxcomposer.algorithms import AugMix, augmix_image
-from jaxcomposer.core.method import compose
+from jaxcomposer.core.method import RunInfo, StepCtx, compose
 from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD, normalize_images
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
-from tests.algorithms.test_augmentation_primitives import trainer_train_inputs
+from tests.algorithms.test_augmentation_primitives import data_ctx, trainer_train_inputs
+from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.AugMix(severity=3, depth=-1, width=3, alpha=1.0, mean=DIGITS_MEAN,
+                                            std=DIGITS_STD))
 
 
 def _images(seed=0, shape=(6, 12, 12, 3)):
@@ -131,29 +137,25 @@ def test_data_slot():
     x = normalize_images(_images(6, (8, 8, 8, 1)), DIGITS_MEAN, DIGITS_STD)
     target = np.arange(8)
     batch = {"input": x, "target": target}
-    a = m.data(batch, np.random.default_rng(0))
+    a = m.data(batch, data_ctx(0))
     assert a["target"] is target and a["input"].dtype == np.float32 and a["input"].shape == x.shape
-    np.testing.assert_array_equal(a["input"], m.data(batch, np.random.default_rng(0))["input"])
-    assert not np.array_equal(a["input"], m.data(batch, np.random.default_rng(1))["input"])
+    np.testing.assert_array_equal(a["input"], m.data(batch, data_ctx(0))["input"])
+    assert not np.array_equal(a["input"], m.data(batch, data_ctx(1))["input"])
     c = compose([m])
-    np.testing.assert_array_equal(c.apply_data(batch, (1, 2, 3))["input"], c.apply_data(batch, (1, 2, 3))["input"])
-    assert not np.array_equal(c.apply_data(batch, (1, 2, 3))["input"], c.apply_data(batch, (1, 3, 3))["input"])
+    run = RunInfo(total_steps=40, steps_per_epoch=10)
+    at = lambda epoch: c.apply_data(batch, StepCtx(step=10 * epoch + 3, run=run), (1, epoch, 3))["input"]  # noqa: E731
+    np.testing.assert_array_equal(at(2), at(2))
+    assert not np.array_equal(at(2), at(3))
     with pytest.raises(ValueError, match="batch of images"):
-        m.data({"input": np.zeros((8, 64), np.float32)}, np.random.default_rng(0))
+        m.data({"input": np.zeros((8, 64), np.float32)}, data_ctx(0))
     with pytest.raises(ValueError, match="mean= and std="):  # normalized images without their normalization
-        AugMix().data(batch, np.random.default_rng(0))
+        AugMix().data(batch, data_ctx(0))
 
 
 def test_trainer_feeds_augmented_batches():
-    seen, raw, expected = trainer_train_inputs(EXAMPLE_METHODS["AugMix"]())
+    seen, raw, expected = trainer_train_inputs(EXAMPLE.make())
     assert len(seen) == 2
     for s, r, e in zip(seen, raw, expected):
         np.testing.assert_array_equal(s, e)
         assert not np.array_equal(s, r)
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("AugMix", other, key)

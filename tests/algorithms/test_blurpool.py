@@ -11,10 +11,16 @@ from torch import nn
 
 from jaxcomposer.algorithms import BlurPool, apply_blurpool
 from jaxcomposer.algorithms.blurpool import BlurConv, NoEffectWarning, _filter_np, blur_2d
+from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import MLP, ResNetCIFAR
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
 from torch_bridge.surgery import (BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances,
                                   default_2d_filter, replace_module_classes)
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+# min_channels=1: the contract tests' ResNetCIFAR(width=4) has only 4- and 8-channel strided convs
+EXAMPLE = Example(lambda: algorithms.BlurPool(min_channels=1))
 
 FILTER = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
 
@@ -273,17 +279,12 @@ def test_method_model_slot_returns_new_task():
     task = ComposerClassifier(model, num_classes=10)
     method = BlurPool()
     assert method.name == "BlurPool" and method.model is not None and method.batch is None
-    new_task = method.model(task)
+    new_task = method.model(task, StepCtx(step=0, run=RunInfo(total_steps=2)))  # host, once, as the Trainer
     assert new_task is not task and task.source is model and isinstance(new_task.source.blocks[1].conv1, BlurConv)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_task.params)[0]]
     assert any("['conv1']['conv']['kernel']" in p for p in paths)  # replaced convs gain a ``conv`` segment
     with pytest.raises(ValueError, match="min_channels"):
         BlurPool(min_channels=-1)
-
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_with(other, key):
-    check_composes_with("BlurPool", other, key)
 
 
 # (4) inside the Trainer -----------------------------------------------------------------------------------------

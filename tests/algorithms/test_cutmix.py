@@ -7,7 +7,12 @@ from jaxcomposer.algorithms import CutMix, MixUp, cutmix_batch
 from jaxcomposer.algorithms.cutmix import LAMBDA_KEY, TARGET_PERM_KEY, _clipped_box
 from jaxcomposer.core.method import MethodConflictError, compose
 from jaxcomposer.core.model import soft_cross_entropy
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+from tests.algorithms.algo_testing import make_batch, make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.CutMix(alpha=1.0))
 
 
 def _loss(outputs, batch):
@@ -168,13 +173,14 @@ def test_batch_slot_and_target_interpolation(key):
     logits = jax.random.normal(key, (6, 5))
     lam_b = out[LAMBDA_KEY][:, None]
     expected_t = lam_b * jax.nn.one_hot(batch["target"], 5) + (1 - lam_b) * jax.nn.one_hot(expected_perm, 5)
-    np.testing.assert_allclose(m.loss(_loss)(logits, out), soft_cross_entropy(logits, expected_t), rtol=1e-6)
+    mixed_loss = m.loss(_loss, make_ctx(0))
+    np.testing.assert_allclose(mixed_loss(logits, out), soft_cross_entropy(logits, expected_t), rtol=1e-6)
     # Cross-entropy is linear in the target, so interpolate_loss=True gives the same numbers.
-    np.testing.assert_allclose(CutMix(interpolate_loss=True).loss(_loss)(logits, out), m.loss(_loss)(logits, out),
-                               rtol=1e-5)
+    np.testing.assert_allclose(CutMix(interpolate_loss=True).loss(_loss, make_ctx(0))(logits, out),
+                               mixed_loss(logits, out), rtol=1e-5)
     # Per-example keys: splitting along axis 0 (microbatches) gives the same per-example losses.
-    parts = [m.loss(_loss)(logits[s], {k: v[s] for k, v in out.items()}) for s in (slice(0, 3), slice(3, 6))]
-    np.testing.assert_allclose(jnp.concatenate(parts), m.loss(_loss)(logits, out), rtol=1e-6)
+    parts = [mixed_loss(logits[s], {k: v[s] for k, v in out.items()}) for s in (slice(0, 3), slice(3, 6))]
+    np.testing.assert_allclose(jnp.concatenate(parts), mixed_loss(logits, out), rtol=1e-6)
 
 
 def test_hand_checked_loss_weights():
@@ -182,7 +188,7 @@ def test_hand_checked_loss_weights():
     batch = {"input": jnp.zeros((2, 2, 2, 1)), "target": jnp.array([0, 1]), TARGET_PERM_KEY: jnp.array([1, 0]),
              LAMBDA_KEY: jnp.array([0.75, 0.75])}
     seen = []
-    CutMix().loss(lambda o, b: (seen.append(b["target"]), jnp.zeros(2))[1])(jnp.zeros((2, 3)), batch)
+    CutMix().loss(lambda o, b: (seen.append(b["target"]), jnp.zeros(2))[1], make_ctx(0))(jnp.zeros((2, 3)), batch)
     np.testing.assert_allclose(seen[0], [[0.75, 0.25, 0.0], [0.25, 0.75, 0.0]])
 
 
@@ -190,7 +196,8 @@ def test_loss_is_identity_without_cutmix_keys(key):
     batch = make_batch(key)
     logits = jax.random.normal(key, (4, 5))
     for interp in (False, True):
-        np.testing.assert_array_equal(CutMix(interpolate_loss=interp).loss(_loss)(logits, batch), _loss(logits, batch))
+        wrapped = CutMix(interpolate_loss=interp).loss(_loss, make_ctx(0))
+        np.testing.assert_array_equal(wrapped(logits, batch), _loss(logits, batch))
 
 
 def test_inner_loss_does_not_see_cutmix_keys(key):
@@ -198,7 +205,7 @@ def test_inner_loss_does_not_see_cutmix_keys(key):
     inner = lambda o, b: (seen.append(sorted(b)), _loss(o, b))[1]
     out = CutMix().batch(make_batch(key), make_ctx(0, key))
     for interp in (False, True):
-        CutMix(interpolate_loss=interp).loss(inner)(jnp.zeros((4, 5)), out)
+        CutMix(interpolate_loss=interp).loss(inner, make_ctx(0))(jnp.zeros((4, 5)), out)
     assert len(seen) == 3 and all(not any(k.startswith("cutmix/") for k in keys) for keys in seen)
 
 
@@ -232,7 +239,7 @@ def test_jit_equals_eager_and_no_retrace(key):
         traces.append(1)
         out = m.batch(batch, make_ctx(step_idx, k))
         logits = out["input"].reshape(out["input"].shape[0], -1)[:, :5]
-        return out, m.loss(_loss)(logits, out)
+        return out, m.loss(_loss, make_ctx(0))(logits, out)
 
     jstep = jax.jit(step)
     for i in range(4):
@@ -244,9 +251,3 @@ def test_jit_equals_eager_and_no_retrace(key):
         np.testing.assert_allclose(jl, el, rtol=1e-5)
     assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("CutMix", other, key)

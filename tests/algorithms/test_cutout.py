@@ -5,7 +5,12 @@ import pytest
 
 from jaxcomposer.algorithms import CutOut, cutout_batch
 from jaxcomposer.algorithms.cutout import _hole_mask
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+from tests.algorithms.algo_testing import make_batch, make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.CutOut(num_holes=1, length=0.5))
 
 
 def _composer_mask(h, w, y, x, length):
@@ -110,9 +115,3 @@ def test_jit_equals_eager_and_no_retrace(key):
         np.testing.assert_array_equal(jf(batch, i, k)["input"], f(batch, i, k)["input"])
     assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("CutOut", other, key)

@@ -7,7 +7,12 @@ import pytest
 
 from jaxcomposer.algorithms import EMA, compute_ema
 from jaxcomposer.core.time import Time
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_ctx
+from tests.algorithms.algo_testing import make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.EMA(half_life="2ba"))
 
 
 def _smoothing_of(m):
@@ -94,8 +99,9 @@ def test_schedule_matches_composer_event_logic(half_life, update_interval, ema_s
     st = Time.from_timestring(ema_start)
     smoothing = 2 ** (-(ui.value / hl.value))
     ref = _composer_reference(total, smoothing, ui.value, ui.unit.value, (st.value, st.unit.value), spe, total)
-    extra = m.post_step.init(jnp.zeros(()), {"bn": jnp.zeros(()), "count": jnp.zeros((), jnp.int32)})
-    # StepCtx's static fields (total_steps, steps_per_epoch) must stay Python ints: build it inside jit.
+    extra = m.post_step.init(jnp.zeros(()), {"bn": jnp.zeros(()), "count": jnp.zeros((), jnp.int32)},
+                             make_ctx(0, total_steps=total, steps_per_epoch=spe))
+    # ctx.run's static facts (total_steps, steps_per_epoch) must stay Python ints: build the ctx inside jit.
     update = jax.jit(lambda e, p, s, step: m.post_step.update(e, p, s, make_ctx(step, total_steps=total,
                                                                                     steps_per_epoch=spe)))
     for step in range(total):
@@ -108,21 +114,21 @@ def test_schedule_matches_composer_event_logic(half_life, update_interval, ema_s
             np.testing.assert_allclose(float(extra["params"]), want, rtol=1e-6, err_msg=str((step, ref)))
             np.testing.assert_allclose(float(extra["state"]["bn"]), -want, rtol=1e-6)  # buffers averaged too
         assert int(extra["state"]["count"]) == n  # integer state tracks the model
-        p, s = m.eval(extra, jnp.asarray(n, jnp.float32), state)
+        p, s = m.eval(extra, jnp.asarray(n, jnp.float32), state, make_ctx(step, total_steps=total, steps_per_epoch=spe))
         assert float(p) == (pytest.approx(want) if started else n)  # raw weights until the average starts
         assert float(s["bn"]) == (pytest.approx(-want) if started else -n)
 
 
 def test_epoch_units_need_steps_per_epoch():
     m = EMA(half_life="1ep")
-    extra = m.post_step.init(jnp.zeros(()), {})
+    extra = m.post_step.init(jnp.zeros(()), {}, make_ctx(0))
     with pytest.raises(ValueError, match="steps_per_epoch"):
         m.post_step.update(extra, jnp.ones(()), {}, make_ctx(0))
 
 
 def test_init_copies_and_keeps_structure(key):
     params = {"a": jax.random.normal(key, (3,)), "b": {"c": jnp.ones((2, 2), jnp.bfloat16)}}
-    extra = EMA().post_step.init(params, {"k": jnp.zeros((), jnp.int32)})
+    extra = EMA().post_step.init(params, {"k": jnp.zeros((), jnp.int32)}, make_ctx(0))
     assert jax.tree_util.tree_structure(extra["params"]) == jax.tree_util.tree_structure(params)
     assert extra["params"]["b"]["c"].dtype == jnp.bfloat16 and not bool(extra["started"])
     assert extra["params"]["a"] is not params["a"]
@@ -141,7 +147,7 @@ def test_jit_equals_eager_and_no_retrace(key):
         return m.post_step.update(extra, params, state, make_ctx(step))
 
     jupdate = jax.jit(update)
-    je = ee = m.post_step.init(params, state)
+    je = ee = m.post_step.init(params, state, make_ctx(0))
     for step in range(5):
         params = jax.tree_util.tree_map(lambda x: x + 0.1, params)
         state = {"mean": state["mean"] + 1.0, "count": state["count"] + 1}
@@ -149,12 +155,7 @@ def test_jit_equals_eager_and_no_retrace(key):
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), je, ee)
     assert bool(je["started"])
     assert len(traces) == 1 + 5  # one trace for jit; the eager calls run the Python body each time
-    jeval = jax.jit(m.eval)
-    jax.tree_util.tree_map(np.testing.assert_array_equal, jeval(je, params, state), m.eval(je, params, state))
+    jeval = jax.jit(lambda e, p, s, step: m.eval(e, p, s, make_ctx(step)))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jeval(je, params, state, 5),
+                           m.eval(je, params, state, make_ctx(5)))
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("EMA", other, key)

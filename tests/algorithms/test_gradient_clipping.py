@@ -5,10 +5,14 @@ import optax
 import pytest
 import torch
 
-from jaxcomposer.core.method import RunInfo
 from jaxcomposer.algorithms import GradientClipping, apply_gradient_clipping
 from jaxcomposer.algorithms.gradient_clipping import unitwise_norm
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
+from tests.algorithms.algo_testing import make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.GradientClipping(clipping_type="norm", clipping_threshold=0.1))
 
 
 def _tree(key, scale=1.0):
@@ -122,7 +126,7 @@ def test_errors(key):
             GradientClipping("norm", bad)
     with pytest.raises(ValueError, match="params"):
         apply_gradient_clipping(_tree(key), "adaptive", 0.1)
-    tx = GradientClipping("adaptive", 0.1).tx(optax.sgd(0.1), RunInfo())
+    tx = GradientClipping("adaptive", 0.1).tx(optax.sgd(0.1), make_ctx(0))
     p = _tree(key)
     with pytest.raises(ValueError, match="params"):
         tx.update(p, tx.init(p))
@@ -131,7 +135,7 @@ def test_errors(key):
 def test_tx_slot_clips_before_the_optimizer(key):
     g, p = _tree(key, scale=5.0), _tree(jax.random.fold_in(key, 1))
     for kind in ("norm", "value", "adaptive"):
-        tx = GradientClipping(kind, 0.3).tx(optax.sgd(1.0), RunInfo())
+        tx = GradientClipping(kind, 0.3).tx(optax.sgd(1.0), make_ctx(0))
         updates, _ = tx.update(g, tx.init(p), p)
         expected = jax.tree_util.tree_map(jnp.negative, apply_gradient_clipping(g, kind, 0.3, params=p))
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, expected)
@@ -141,26 +145,20 @@ def test_tx_slot_clips_before_the_optimizer(key):
 
 @pytest.mark.parametrize("kind", ["norm", "value", "adaptive"])
 def test_jit_equals_eager_and_no_retrace(kind, key):
-    tx = GradientClipping(kind, 0.2).tx(optax.adam(1e-2), RunInfo())
+    m = GradientClipping(kind, 0.2)
     p = _tree(key)
     traces = []
 
-    def step(g, state, params):
+    def step(g, state, params, step_idx):
         traces.append(1)
-        return tx.update(g, state, params)
+        # as in the Trainer: the tx slot is built inside the step from that step's ctx (a traced clock under jit)
+        return m.tx(optax.adam(1e-2), make_ctx(step_idx)).update(g, state, params)
 
     jstep = jax.jit(step)
-    state = tx.init(p)
+    state = m.tx(optax.adam(1e-2), make_ctx(0)._replace(step=0)).init(p)  # host init with the step-0 ctx
     for i in range(4):
         g = _tree(jax.random.fold_in(key, 10 + i), scale=3.0)
-        (ju, jstate), (eu, _) = jstep(g, state, p), step(g, state, p)
+        (ju, jstate), (eu, _) = jstep(g, state, p, i), step(g, state, p, i)
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), ju, eu)
         state = jstate
     assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
-
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("GradientClipping", other, key)

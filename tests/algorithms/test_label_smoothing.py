@@ -4,9 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
+from tests.algorithms.algo_testing import make_ctx
 from jaxcomposer.algorithms import LabelSmoothing, smooth_labels
 from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.LabelSmoothing(smoothing=0.1))
 
 
 def _loss(outputs, batch):
@@ -66,7 +71,7 @@ def test_loss_wrapper_leaves_batch_untouched(key):
     m = LabelSmoothing(0.1)
     batch = {"target": jnp.array([1, 2]), "input": jnp.zeros((2, 3))}
     logits = jax.random.normal(key, (2, 3))
-    got = m.loss(_loss)(logits, batch)
+    got = m.loss(_loss, make_ctx(0))(logits, batch)
     np.testing.assert_allclose(got, soft_cross_entropy(logits, smooth_labels(logits, batch["target"], 0.1)), rtol=1e-6)
     assert batch["target"].dtype == jnp.int32  # the caller's batch keeps its labels (metrics use them)
 
@@ -74,7 +79,7 @@ def test_loss_wrapper_leaves_batch_untouched(key):
 # (2) jit == eager, no retrace -------------------------------------------------------------------------------------
 
 def test_jit_equals_eager_and_no_retrace(key):
-    wrapped = LabelSmoothing(0.1).loss(_loss)
+    wrapped = LabelSmoothing(0.1).loss(_loss, make_ctx(0))
     traces = []
 
     def f(logits, batch):
@@ -89,9 +94,3 @@ def test_jit_equals_eager_and_no_retrace(key):
         np.testing.assert_allclose(jf(logits, batch), wrapped(logits, batch), rtol=1e-6)
     assert len(traces) == 1
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("LabelSmoothing", other, key)

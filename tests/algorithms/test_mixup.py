@@ -7,7 +7,12 @@ from jaxcomposer.algorithms import MixUp, mixup_batch
 from jaxcomposer.algorithms.mixup import MIXING_KEY, TARGET_PERM_KEY
 from jaxcomposer.core.method import Method, MethodConflictError, compose
 from jaxcomposer.core.model import soft_cross_entropy
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+from tests.algorithms.algo_testing import make_batch, make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+EXAMPLE = Example(lambda: algorithms.MixUp(alpha=0.2))
 
 
 def _loss(outputs, batch):
@@ -73,31 +78,33 @@ def test_batch_slot_and_target_interpolation(key):
     assert out[MIXING_KEY].shape == (6,) and out[TARGET_PERM_KEY].shape == (6,)
     np.testing.assert_array_equal(out["target"], batch["target"])  # the labels are mixed in the loss, not here
     lam = out[MIXING_KEY]
+    mixed_loss = m.loss(_loss, make_ctx(0))
     logits = jax.random.normal(key, (6, 5))
     expected_t = ((1 - lam)[:, None] * jax.nn.one_hot(batch["target"], 5)
                   + lam[:, None] * jax.nn.one_hot(out[TARGET_PERM_KEY], 5))
-    np.testing.assert_allclose(m.loss(_loss)(logits, out), soft_cross_entropy(logits, expected_t), rtol=1e-6)
+    np.testing.assert_allclose(mixed_loss(logits, out), soft_cross_entropy(logits, expected_t), rtol=1e-6)
     # Cross-entropy is linear in the target, so interpolate_loss=True gives the same numbers.
-    np.testing.assert_allclose(MixUp(alpha=1.0, interpolate_loss=True).loss(_loss)(logits, out),
-                               m.loss(_loss)(logits, out), rtol=1e-5)
+    np.testing.assert_allclose(MixUp(alpha=1.0, interpolate_loss=True).loss(_loss, make_ctx(0))(logits, out),
+                               mixed_loss(logits, out), rtol=1e-5)
     # Per-example keys: splitting along axis 0 (microbatches) gives the same per-example losses.
     halves = [{k: v[s] for k, v in out.items()} for s in (slice(0, 3), slice(3, 6))]
-    parts = [m.loss(_loss)(logits[s], h) for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
-    np.testing.assert_allclose(jnp.concatenate(parts), m.loss(_loss)(logits, out), rtol=1e-6)
+    parts = [mixed_loss(logits[s], h) for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
+    np.testing.assert_allclose(jnp.concatenate(parts), mixed_loss(logits, out), rtol=1e-6)
 
 
 def test_loss_is_identity_without_mixup_keys(key):
     batch = make_batch(key)
     logits = jax.random.normal(key, (4, 5))
     for interp in (False, True):
-        np.testing.assert_array_equal(MixUp(interpolate_loss=interp).loss(_loss)(logits, batch), _loss(logits, batch))
+        wrapped = MixUp(interpolate_loss=interp).loss(_loss, make_ctx(0))
+        np.testing.assert_array_equal(wrapped(logits, batch), _loss(logits, batch))
 
 
 def test_inner_loss_does_not_see_mixup_keys(key):
     seen = []
     inner = lambda o, b: (seen.append(sorted(b)), _loss(o, b))[1]
     out = MixUp().batch(make_batch(key), make_ctx(0, key))
-    MixUp(interpolate_loss=True).loss(inner)(jnp.zeros((4, 5)), out)
+    MixUp(interpolate_loss=True).loss(inner, make_ctx(0))(jnp.zeros((4, 5)), out)
     assert seen and all(not any(k.startswith("mixup/") for k in keys) for keys in seen)
 
 
@@ -111,7 +118,7 @@ def test_jit_equals_eager_and_no_retrace(key):
         traces.append(1)
         out = m.batch(batch, make_ctx(step_idx, k))
         logits = out["input"].reshape(out["input"].shape[0], -1)[:, :5]
-        return out, m.loss(_loss)(logits, out)
+        return out, m.loss(_loss, make_ctx(0))(logits, out)
 
     jstep = jax.jit(step)
     for i in range(4):
@@ -123,13 +130,8 @@ def test_jit_equals_eager_and_no_retrace(key):
     assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
 
 
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("MixUp", other, key)
-
+# (5) composition (pairwise: test_composition.py) ---------------------------------------------------------------
 
 def test_conflicts_with_other_target_interpolation():
     with pytest.raises(MethodConflictError, match="interpolate targets"):
-        compose([MixUp(), Method(name="x", interpolates_targets=True)])
+        compose([MixUp(), Method(name="x", exclusive={"interpolates_targets"})])

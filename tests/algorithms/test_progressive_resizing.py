@@ -6,7 +6,19 @@ from flax import nnx
 
 from jaxcomposer.algorithms import ProgressiveResizing, resize_batch
 from jaxcomposer.core.method import Method
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+from tests.algorithms.algo_testing import make_batch, make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+# 8x8 images at scale 0.5 (4x4) while t < 0.5: one size over 2 steps, full size at step 3 of 4. image_size pins
+# sizes while the stage is not given the batch's shapes. Image models only (an MLP's fixed fan-in rejects them)
+EXAMPLE = Example(lambda: algorithms.ProgressiveResizing(initial_scale=0.5), image_models_only=True)
+
+
+def _host(step, total):
+    """The ctx the stage slot sees on the host at ``step`` of ``total``: the clock as a Python int."""
+    return make_ctx(0, total_steps=total)._replace(step=step)
 
 
 def _nchw(x):
@@ -117,7 +129,7 @@ def test_crop_needs_key_and_images_only():
 
 def test_schedule_matches_composer_formula():
     m = ProgressiveResizing(image_size=32)  # initial 0.5, delay 0.5, finetune 0.2, increment 4
-    stages = [m.stage(s, 100) for s in range(100)]
+    stages = [m.stage(None, _host(s, 100)) for s in range(100)]
     assert set(stages[:50]) == {0.5}  # 16 px until the ramp starts
     # t = 0.65: s = 0.5 + 0.5 * 0.15 / 0.3 = 0.75 -> 24 px; t = 0.7: s = 0.8333 -> round(6.67) * 4 = 28 px
     assert stages[65] == 24 / 32 and stages[70] == 28 / 32
@@ -128,19 +140,19 @@ def test_schedule_matches_composer_formula():
 
 def test_schedule_quirks():
     # W=10 is not a multiple of 4: at full scale round(10 / 4) * 4 = 8 (half to even), so it still shrinks.
-    assert ProgressiveResizing(image_size=10).stage(99, 100) == 0.8
+    assert ProgressiveResizing(image_size=10).stage(None, _host(99, 100)) == 0.8
     # a zero-length ramp jumps to full size at delay_fraction
     m = ProgressiveResizing(delay_fraction=0.5, finetune_fraction=0.5, image_size=8)
-    assert [m.stage(s, 4) for s in range(4)] == [0.5, 0.5, 1.0, 1.0]
+    assert [m.stage(None, _host(s, 4)) for s in range(4)] == [0.5, 0.5, 1.0, 1.0]
     # the width comes from the batch's shapes when the stage gets them (NHWC axis 2, NCHW axis 3)
-    assert ProgressiveResizing().stage(0, 10, {"input": (8, 32, 16, 3), "target": (8,)}) == 0.5
-    assert ProgressiveResizing(data_format="NCHW").stage(0, 10, {"input": jnp.zeros((2, 3, 16, 12))}) == 8 / 12
+    assert ProgressiveResizing().stage({"input": (8, 32, 16, 3), "target": (8,)}, _host(0, 10)) == 0.5
+    assert ProgressiveResizing(data_format="NCHW").stage({"input": jnp.zeros((2, 3, 16, 12))}, _host(0, 10)) == 8 / 12
     with pytest.raises(ValueError, match="image_size"):
-        ProgressiveResizing().stage(0, 10)
+        ProgressiveResizing().stage(None, _host(0, 10))
     with pytest.raises(ValueError, match="4-D"):
-        ProgressiveResizing().stage(0, 10, {"input": (32, 64)})
+        ProgressiveResizing().stage({"input": (32, 64)}, _host(0, 10))
     with pytest.raises(ValueError, match="0 pixels"):
-        ProgressiveResizing(initial_scale=0.1, image_size=8).stage(0, 10)
+        ProgressiveResizing(initial_scale=0.1, image_size=8).stage(None, _host(0, 10))
 
 
 def test_factory_validates():
@@ -181,7 +193,7 @@ def test_jit_equals_eager_and_retraces_only_per_stage(key, mode):
     total, stages = 8, []
     for i in range(total):
         k = jax.random.fold_in(key, i)
-        batch, stage = make_batch(k), m.stage(i, total)
+        batch, stage = make_batch(k), m.stage(None, _host(i, total))
         stages.append(stage)
         got = jf(batch, i, k, stage)["input"]
         np.testing.assert_array_equal(got, f(batch, i, k, stage)["input"])
@@ -208,15 +220,9 @@ def test_trainer_compiles_once_per_stage():
                       max_duration="6ba", optimizers=DecoupledSGDW(lr=0.05), algorithms=[method, spy], seed=1,
                       progress_bar=False, devices=jax.devices()[:1])
     trainer.fit()
-    stages = {trainer.composed.stage(s, 6) for s in range(6)}
+    stages = {trainer.composed.stage({"input": (32, 8, 8, 1)}, _host(s, 6)) for s in range(6)}
     (step,) = trainer._train_steps.values()
     assert len(stages) == 3 and step._cache_size() == len(stages)
     assert seen == [(32, 4, 4, 1), (32, 6, 6, 1), (32, 8, 8, 1)]
     assert np.isfinite(float(trainer.state.batch_metrics["loss"]))
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("ProgressiveResizing", other, key)

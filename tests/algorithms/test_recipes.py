@@ -1,9 +1,11 @@
 """Methods in one recipe with the core's own knobs: ``scale_schedule_ratio`` and decoupled weight decay reach every
-method's idea of the run's length (RunInfo.total_steps, the stage, SWA's and LayerFreezing's clocks)."""
+method's idea of the run (``ctx.run.total_steps``, the stage, and the one clock ``ctx.step`` that SWA's sampling and
+SWALR and LayerFreezing's depth read; docs/design.md, "The clock")."""
 import jax
 import numpy as np
 
 from jaxcomposer import Trainer, algorithms
+from jaxcomposer.algorithms.swa import find_swa_state
 from jaxcomposer.data import ArrayLoader
 from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
 from tests.trainer.helpers import digits, leaves, resnet_task
@@ -35,6 +37,8 @@ def test_scale_schedule_ratio_reaches_every_method():
     (step,) = scaled._train_steps.values()
     assert step._cache_size() == 2  # small images for half the run, then full size
     assert [round(scaled._lr_at(s), 6) for s in range(4)][2:] == [0.01, 0.01]  # SWALR: 0.1 * (0.01 / 0.1)
+    # SWA's plan is in the scaled run's steps: samples after batches 2 (0.5dur of 4) and 3, then the swap
+    assert int(find_swa_state(scaled.state.train_state.opt_state).swa_n) == 2
 
 
 def test_decoupled_weight_decay_never_touches_frozen_layers():

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from jaxcomposer.algorithms import SAM, apply_sam
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_ctx
+from tests.algorithms.algo_testing import make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+# interval=2: a plain step, then a SAM step, so two Trainer steps cover both branches
+EXAMPLE = Example(lambda: algorithms.SAM(rho=0.5, interval=2))
 
 # A quadratic per example: L_i(w) = 0.5 * sum_leaves a_i * (w - c_i)^2, so grad L(w) = mean_i a_i * (w - c_i).
 A = np.array([1.0, 3.0, 0.5])
@@ -150,9 +156,3 @@ def test_jit_equals_eager_and_no_retrace(key):
         assert int(nj) == int(ne) == (2 if i % 2 == 1 else 1)
     assert len(traces) == 1 + 5  # one trace serves plain and SAM steps (lax.cond on the traced step)
 
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("SAM", other, key)

@@ -7,9 +7,20 @@ import pytest
 
 from jaxcomposer.algorithms import SelectiveBackprop, select_using_loss, should_selective_backprop
 from jaxcomposer.algorithms.selective_backprop import _downscale, _selection_indices
-from jaxcomposer.core.method import compose
+from jaxcomposer.core.method import ModelView, compose
 from jaxcomposer.core.model import soft_cross_entropy
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with, make_batch, make_ctx
+from tests.algorithms.algo_testing import examples, make_batch, make_ctx
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+# start=0, end=1, interrupt=0: selects on every step (interrupt=1 would never select)
+EXAMPLE = Example(lambda: algorithms.SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interrupt=0))
+
+
+def _host(step, total):
+    """The ctx the stage slot sees on the host at ``step`` of ``total``: the clock as a Python int."""
+    return make_ctx(0, total_steps=total)._replace(step=step)
 
 
 def _composer_weights(n, keep):
@@ -182,8 +193,8 @@ def test_grad_slot_scores_then_backprops_the_selected_examples(key):
     batch = {**make_batch(key, batch_size=8), "id": jnp.arange(8)}
     params, state = {"w": jnp.ones(())}, {"count": jnp.zeros((), jnp.int32)}
     scored, called = [], []
-    ctx = make_ctx(3, jax.random.fold_in(key, 7))._replace(stage=m.stage(3, 10),
-                                                            per_example_loss=_per_example_loss(scored))
+    ctx = make_ctx(3, jax.random.fold_in(key, 7))._replace(
+        stage=m.stage(None, _host(3, 10)), model=ModelView(per_example_loss=_per_example_loss(scored)))
     (loss, new_state), grads = m.grad(_recording_grad_fn(called), ctx)(params, state, batch, key)
 
     assert len(scored) == 1 and len(called) == 1
@@ -207,7 +218,7 @@ def test_grad_slot_scales_only_the_scoring_pass(key):
     m = SelectiveBackprop(start=0.0, end=1.0, keep=0.25, scale_factor=0.5, interrupt=0)
     batch = make_batch(key, batch_size=8)
     scored, called = [], []
-    ctx = make_ctx(0, key)._replace(stage=True, per_example_loss=_per_example_loss(scored))
+    ctx = make_ctx(0, key)._replace(stage=True, model=ModelView(per_example_loss=_per_example_loss(scored)))
     m.grad(_recording_grad_fn(called), ctx)({"w": jnp.ones(())}, {"count": jnp.zeros((), jnp.int32)}, batch, key)
     assert scored[0]["input_shape"] == (8, 4, 4, 3)
     assert called[0]["batch"]["input"].shape == (2, 8, 8, 3)
@@ -215,10 +226,11 @@ def test_grad_slot_scales_only_the_scoring_pass(key):
 
 def test_stage_follows_composer_schedule():
     m = SelectiveBackprop()  # start=0.5, end=0.9, interrupt=2
-    on = [s for s in range(20) if m.stage(s, 20)]
+    on = [s for s in range(20) if m.stage(None, _host(s, 20))]
     assert on == [10, 12, 14, 16]  # t = s / 20 in [0.5, 0.9), and (s + 1) % 2 != 0
-    assert not any(SelectiveBackprop(keep=1.0, start=0.0, end=1.0, interrupt=0).stage(s, 10) for s in range(10))
-    assert all(SelectiveBackprop(start=0.0, end=1.0, interrupt=0).stage(s, 10) for s in range(10))
+    off = SelectiveBackprop(keep=1.0, start=0.0, end=1.0, interrupt=0)
+    assert not any(off.stage(None, _host(s, 10)) for s in range(10))
+    assert all(SelectiveBackprop(start=0.0, end=1.0, interrupt=0).stage(None, _host(s, 10)) for s in range(10))
 
 
 def test_plain_steps_and_missing_context(key):
@@ -229,7 +241,7 @@ def test_plain_steps_and_missing_context(key):
         m.grad(inner, make_ctx(0, key))
     with pytest.raises(ValueError, match="per_example_loss"):
         m.grad(inner, make_ctx(0, key)._replace(stage=True))
-    ctx = make_ctx(0, key)._replace(stage=True, per_example_loss=_per_example_loss([]))
+    ctx = make_ctx(0, key)._replace(stage=True, model=ModelView(per_example_loss=_per_example_loss([])))
     with pytest.raises(ValueError, match="per-example"):
         m.grad(inner, ctx)({"w": jnp.ones(())}, {"count": jnp.zeros((), jnp.int32)},
                            {**make_batch(key), "scale": jnp.ones(())}, key)
@@ -244,7 +256,7 @@ def test_jit_equals_eager_and_one_trace_per_stage(key):
     def step(params, batch, step_idx, stage):
         traces.append(stage)
         ctx = make_ctx(step_idx, jax.random.fold_in(key, step_idx))._replace(
-            stage=stage, per_example_loss=_per_example_loss([]))
+            stage=stage, model=ModelView(per_example_loss=_per_example_loss([])))
 
         def grad_fn(p, s, b, k):
             def f(p):
@@ -258,7 +270,7 @@ def test_jit_equals_eager_and_one_trace_per_stage(key):
     params = {"w": jnp.array(2.0)}
     for i in range(6):
         batch = make_batch(jax.random.fold_in(key, i), batch_size=8)
-        stage = m.stage(i, 6)
+        stage = m.stage(None, _host(i, 6))
         (jl, js), jg = jstep(params, batch, i, stage)
         (el, es), eg = step(params, batch, i, stage)
         np.testing.assert_allclose(jl, el, rtol=1e-6)
@@ -297,20 +309,25 @@ def test_in_trainer_a_selecting_step_backprops_half_the_batch():
 
 # (5) composition ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("SelectiveBackprop", other, key)
+def test_sorts_first_by_declaration():
+    # order=-1 (Composer's sort_selective_backprop_first): outermost grad wrapper wherever it is listed
+    m = SelectiveBackprop()
+    assert m.order == -1
+    others = [examples()[n].make() for n in ("MixUp", "SAM", "EMA")]
+    assert compose([*others, m]).names[0] == "SelectiveBackprop"
+    assert compose([others[1], m]).names == ("SelectiveBackprop", "SAM")
 
 
 def test_mixup_entries_travel_with_the_kept_examples(key):
     from jaxcomposer.algorithms.mixup import MIXING_KEY, TARGET_PERM_KEY
 
-    composed = compose([SelectiveBackprop(start=0.0, end=1.0, interrupt=0), EXAMPLE_METHODS["MixUp"]()])
-    ctx = make_ctx(0, key)._replace(stage=composed.stage(0, 4), per_example_loss=_per_example_loss([]))
-    batch = composed.apply_batch({**make_batch(key, batch_size=8), "id": jnp.arange(8)}, ctx, key)
+    composed = compose([SelectiveBackprop(start=0.0, end=1.0, interrupt=0), examples()["MixUp"].make()])
+    ctx = make_ctx(0, key)._replace(stage=composed.stage(None, _host(0, 4)),
+                                    model=ModelView(per_example_loss=_per_example_loss([])))
+    batch = composed.apply_batch({**make_batch(key, batch_size=8), "id": jnp.arange(8)}, ctx)
     called = []
-    composed.wrap_grad(_recording_grad_fn(called), ctx, key)({"w": jnp.ones(())},
-                                                             {"count": jnp.zeros((), jnp.int32)}, batch, key)
+    composed.wrap_grad(_recording_grad_fn(called), ctx)({"w": jnp.ones(())},
+                                                        {"count": jnp.zeros((), jnp.int32)}, batch, key)
     sub = called[0]["batch"]
     ids = np.asarray(sub["id"])
     for k in (TARGET_PERM_KEY, MIXING_KEY, "input", "target"):

@@ -9,7 +9,8 @@ from flax import nnx
 
 from jaxcomposer import Trainer
 from jaxcomposer.algorithms import SWA
-from jaxcomposer.algorithms.swa import _Plan, _plan, find_swa_state, swa_tx, swalr_schedule, update_swa_average
+from jaxcomposer.algorithms.swa import (SWAState, _Plan, _plan, find_swa_state, swa_tx, swalr_schedule,
+                                       update_swa_average)
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.method import RunInfo
 from jaxcomposer.core.time import Time
@@ -17,8 +18,16 @@ from jaxcomposer.data import ArrayLoader
 from jaxcomposer.models import MLP
 from jaxcomposer.models.tasks import ComposerClassifier
 from jaxcomposer.optim import DecoupledSGDW
-from tests.algorithms.algo_testing import EXAMPLE_METHODS, check_composes_with
-from tests.trainer.helpers import digits
+from tests.algorithms.algo_testing import make_ctx
+from tests.trainer.helpers import digits, stop_at
+from jaxcomposer import algorithms
+from tests.algorithms.algo_testing import Example
+
+# one representative configuration: the composition table and the Trainer contract run it
+# sample every batch from the start; the params become the average at the last step (0.9dur of 2 or 4
+# steps); SWALR anneals the LR over the first 2 samples
+EXAMPLE = Example(lambda: algorithms.SWA(swa_start="0.0dur", swa_end="0.9dur", update_interval="1ba",
+                                          schedule_swa_lr=True, anneal_steps=2, swa_lr=0.05))
 
 
 def _t(s):
@@ -96,11 +105,12 @@ def test_matches_composer_event_logic(start, end, interval, spe, total, key):
     ref = _composer_reference(deltas, p0, (st.value, st.unit.value), (en.value, en.unit.value),
                               (iv.value, iv.unit.value), spe, total)
     m = SWA(swa_start=start, swa_end=end, update_interval=interval)
-    tx = m.tx(optax.identity(), RunInfo(total, spe, 0.1))  # params move by exactly the given deltas
-    step = jax.jit(lambda p, o, d: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx.update(d, o, p)))
-    p, opt = jnp.asarray(p0), tx.init(jnp.asarray(p0))
+    # built from each step's ctx, as the Trainer does; params move by exactly the given deltas
+    tx_at = lambda s: m.tx(optax.identity(), make_ctx(s, total_steps=total, steps_per_epoch=spe, base_lr=0.1))
+    step = jax.jit(lambda p, o, d, s: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx_at(s).update(d, o, p)))
+    p, opt = jnp.asarray(p0), tx_at(0).init(jnp.asarray(p0))
     for n in range(total):
-        p, opt = step(p, opt, jnp.asarray(deltas[n]))
+        p, opt = step(p, opt, jnp.asarray(deltas[n]), n)
         want_p, want_n, want_avg = ref[n]
         assert int(opt.swa_n) == want_n, (n + 1, ref)
         np.testing.assert_allclose(p, want_p, rtol=1e-6, atol=1e-6, err_msg=str(n + 1))
@@ -166,14 +176,16 @@ def test_factory_rules():
     with pytest.warns(UserWarning, match="BatchNorm"):
         SWA(swa_end="1dur")
     assert "'cos'" in SWA(anneal_strategy="Cosine").description
-    with pytest.raises(ValueError, match="steps_per_epoch"):
-        SWA().tx(optax.sgd(0.1), RunInfo(10, None, 0.1))  # default '1ep' needs the epoch length
+    with pytest.raises(ValueError, match="steps_per_epoch"):  # default '1ep' needs the epoch length
+        SWA().tx(optax.sgd(0.1), make_ctx(0, total_steps=10, steps_per_epoch=None, base_lr=0.1))
     with pytest.raises(ValueError, match="base LR"):
         SWA(swa_start="0.5dur", update_interval="1ba", schedule_swa_lr=True, swa_lr=0.01).schedule(
-            lambda s: 1.0, RunInfo(10, None, None))
+            lambda s: 1.0, make_ctx(0, total_steps=10, steps_per_epoch=None, base_lr=None))
     with pytest.raises(ValueError, match="needs params"):
-        tx = SWA(update_interval="1ba").tx(optax.sgd(0.1), RunInfo(10, None, 0.1))
+        tx = SWA(update_interval="1ba").tx(optax.sgd(0.1), make_ctx(0, total_steps=10, base_lr=0.1))
         tx.update(jnp.ones(2), tx.init(jnp.ones(2)))
+    # the clock is ctx.step: the state holds no counter of its own
+    assert SWAState._fields == ("swa_n", "average", "inner_state")
 
 
 # (2) jit == eager, no retrace; resume mid-averaging ----------------------------------------------------------------
@@ -183,21 +195,21 @@ def _sgdw():
 
 
 def test_jit_equals_eager_and_no_retrace(key):
-    tx = swa_tx(_sgdw(), _Plan(2, 2, 6))
+    plan = _Plan(2, 2, 6)
     params = {"w": jax.random.normal(key, (4, 3)), "b": jnp.zeros((3,))}
     traces = []
 
-    def update(g, o, p):
+    def update(g, o, p, s):
         traces.append(1)
-        u, o = tx.update(g, o, p)
+        u, o = swa_tx(_sgdw(), plan, s).update(g, o, p)
         return optax.apply_updates(p, u), o
 
     jupdate = jax.jit(update)
     jp = ep = params
-    jo = eo = tx.init(params)
+    jo = eo = swa_tx(_sgdw(), plan, 0).init(params)
     for s in range(8):
         g = jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(key, s), x.shape), params)
-        (jp, jo), (ep, eo) = jupdate(g, jo, jp), update(g, eo, ep)
+        (jp, jo), (ep, eo) = jupdate(g, jo, jp, s), update(g, eo, ep, s)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), (jp, jo), (ep, eo))
     assert int(jo.swa_n) == 3 and len(traces) == 1 + 8  # samples after batches 2, 4, 6; one trace for jit
 
@@ -206,19 +218,22 @@ def test_resume_mid_averaging_is_bitwise(key):
     plan = _Plan(2, 1, 7)
     params = {"w": jax.random.normal(key, (4, 3))}
 
-    def run(p, o, tx, steps):
-        step = jax.jit(lambda p, o, g: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx.update(g, o, p)))
+    def run(p, o, steps):
+        # a fresh wrapper for every step, from the clock (the step index), as the Trainer builds it
+        step = jax.jit(lambda p, o, g, s: (lambda u, o2: (optax.apply_updates(p, u), o2))(
+            *swa_tx(_sgdw(), plan, s).update(g, o, p)))
         for s in steps:
-            p, o = step(p, o, jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(key, s), x.shape), p))
+            p, o = step(p, o, jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(key, s), x.shape), p), s)
         return p, o
 
-    tx = swa_tx(_sgdw(), plan)
-    straight = run(params, tx.init(params), tx, range(9))
-    half = run(params, tx.init(params), tx, range(4))  # 3 samples in, the replacement still ahead
+    init = lambda: swa_tx(_sgdw(), plan, 0).init(params)
+    straight = run(params, init(), range(9))
+    half = run(params, init(), range(4))  # 3 samples in, the replacement still ahead
     assert int(half[1].swa_n) == 3
     restored = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), half)
-    fresh = swa_tx(_sgdw(), plan)
-    resumed = run(*restored, fresh, range(4, 9))
+    # a checkpoint holds the state (no clock inside it); the resumed run's clock restarts at 4
+    assert jax.tree_util.tree_structure(restored[1]) == jax.tree_util.tree_structure(init())
+    resumed = run(*restored, range(4, 9))
     jax.tree.map(np.testing.assert_array_equal, resumed, straight)
 
 
@@ -260,9 +275,9 @@ def test_trainer_averages_replaces_and_resumes(tmp_path):
         assert not np.array_equal(after(b), after(b - 1))
         np.testing.assert_array_equal(rec.swa[b - 1][1], rec.swa[11][1])
 
-    first = _trainer()
-    first.max_duration = Time(7, "ba")  # mid-averaging: 2 samples in
+    first = _trainer(callbacks=[stop_at(7)])  # mid-averaging: 2 samples in; the plan (total steps) unchanged
     first.fit()
+    assert first.state.timestamp.batch == 7
     first.save_checkpoint(tmp_path / "ckpt")
     resumed = _trainer(load_path=tmp_path / "ckpt")
     resumed.fit()
@@ -270,10 +285,3 @@ def test_trainer_averages_replaces_and_resumes(tmp_path):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-# (5) composition ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("other", sorted(EXAMPLE_METHODS))
-def test_composes_pairwise(other, key):
-    check_composes_with("SWA", other, key)

@@ -1,4 +1,4 @@
-"""Time, Timestamp and to_batches follow Composer's semantics (composer.md §2.2)."""
+"""Time, Timestamp and to_batches follow Composer's documented semantics."""
 import copy
 import datetime
 import json

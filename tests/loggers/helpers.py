@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 from typing import Callable, Sequence
 
-from jaxcomposer.core.events import Event, RunState
+from jaxcomposer.core.events import Event, RunPlan, RunState
 from jaxcomposer.core.time import Time, Timestamp
 from jaxcomposer.loggers.logger import Logger, LoggerDestination
 
@@ -24,9 +24,8 @@ class FakeClock:
 
 def make_state(total_steps: int = 20, steps_per_epoch: int = 5, batch_size: int = 8, run_name: str = "test-run",
                learning_rate=None) -> RunState:
-    return RunState(run_name=run_name, run_dir=None, max_duration=Time(total_steps, "ba"), timestamp=Timestamp(),
-                    batch_size=batch_size, learning_rate=learning_rate, total_steps=total_steps,
-                    steps_per_epoch=steps_per_epoch)
+    return RunState(run_name=run_name, run_dir=None, plan=RunPlan(Time(total_steps, "ba"), total_steps, steps_per_epoch),
+                    timestamp=Timestamp(), batch_size=batch_size, learning_rate=learning_rate)
 
 
 def fire(event: Event, callbacks, state: RunState, logger: Logger) -> None:

@@ -1,4 +1,4 @@
-"""DecoupledSGDW / DecoupledAdamW reproduce Composer's updates (composer.md §3.4) under a schedule alpha(t)."""
+"""DecoupledSGDW / DecoupledAdamW reproduce Composer's documented decoupled updates under a schedule alpha(t)."""
 import functools
 import warnings
 

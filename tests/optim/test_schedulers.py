@@ -1,4 +1,4 @@
-"""Schedulers against hand-computed Composer formulas (composer.md §3.3), jit safety, and SSR semantics."""
+"""Schedulers against Composer's documented scheduler formulas (hand-computed), jit safety, and SSR semantics."""
 import math
 import warnings
 

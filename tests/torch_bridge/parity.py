@@ -1,10 +1,40 @@
-"""The per-op parity harness of the ATen op tests: run a lowering eagerly and under jit, compare with the torch op."""
+"""Parity harnesses: the per-op one of the ATen op tests (run a lowering eagerly and under jit, compare with the torch
+op) and the one comparison of whole models and layers with torch, :func:`assert_close_on_scale`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
 from torch_bridge.ops.registry import lookup, to_jnp_dtype, to_numpy
+
+MODEL_TOL = 1e-4  # a whole model: outputs, gradients, the loss, a to_torch round trip
+LAYER_TOL = 1e-5  # one layer or block, BatchNorm running statistics
+
+
+def assert_close_on_scale(got, want, tol, where=""):
+    """``max |got - want| <= tol * max(max |want|, 1)``: one bound on the reference's scale, not one per element.
+
+    float32 rounding grows with the magnitude of what was summed, not with each result element: a logit of 26
+    computed from terms near 7,000 carries their rounding (~1e-3), which an element-wise ``rtol`` flags although it
+    is 1e-7 of the output's scale. Below scale 1 the bound is ``tol`` absolute, so outputs near zero (an unused
+    gradient, ~1e-13) are not held to a relative bound rounding cannot meet. Non-finite entries must match exactly.
+    ``want`` may be a torch tensor; shapes must be equal (no broadcasting).
+    """
+    want = want.detach().cpu().numpy() if isinstance(want, torch.Tensor) else np.asarray(want)
+    got = np.asarray(got)
+    assert got.shape == want.shape, f"{where} shape {got.shape} vs {want.shape}"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(w)
+    np.testing.assert_array_equal(g[~finite], w[~finite], err_msg=f"{where} non-finite entries differ")
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked out
+        err = np.where(finite, np.abs(g - w), 0.0)
+    if not err.size:
+        return
+    assert not np.isnan(err).any(), f"{where} non-finite values where the reference is finite"
+    scale = max(float(np.abs(w[finite]).max(initial=0.0)), 1.0)
+    i = np.unravel_index(int(err.argmax()), err.shape)
+    assert err[i] <= tol * scale, (f"{where} max |got - want| = {err[i]:.3g} at {tuple(map(int, i))} "
+                                   f"(got {g[i]:.7g}, want {w[i]:.7g}) > {tol:g} * scale {scale:.4g}")
 
 
 def to_jax(x):

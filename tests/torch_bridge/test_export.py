@@ -74,6 +74,17 @@ def test_unsupported_ops_all_listed_with_source():
     assert "<root> (Unsupported)" in msg and "torch.linalg.svd" in msg
 
 
+def test_unsupported_op_error_is_a_jaxcomposer_error():
+    """One ``except JaxComposerError`` catches bridge failures too; ``except NotImplementedError`` still works."""
+    import jaxcomposer.errors
+
+    assert torch_bridge.UnsupportedOpError is jaxcomposer.errors.UnsupportedOpError
+    assert issubclass(torch_bridge.UnsupportedOpError, jaxcomposer.errors.JaxComposerError)
+    assert issubclass(torch_bridge.UnsupportedOpError, NotImplementedError)
+    with pytest.raises(jaxcomposer.errors.JaxComposerError):
+        from_torch(Unsupported(), (torch.randn(4, 4),))
+
+
 def test_interpreter_python_ops():
     assert can_run(torch.ops.aten.sym_size.int)
     import operator

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_bridge
+from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 from torch_bridge import BridgedModel, UnsupportedOpError, from_torch
 
 
@@ -92,15 +93,15 @@ def ce_jax(logits, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
 
 
-def assert_close(ours, ref, atol=1e-4, rtol=1e-5):
-    np.testing.assert_allclose(np.asarray(ours), ref.detach().numpy(), atol=atol, rtol=rtol)
+def assert_close(ours, ref, tol=MODEL_TOL):
+    assert_close_on_scale(ours, ref, tol)
 
 
 def test_conversion_keeps_module_mode_and_state(case):
     _, module, bm, _, _ = case
     assert isinstance(bm, BridgedModel) and module.training  # nn.Module default mode restored after both exports
     for name, value in bm.params.items():
-        assert_close(value, module.state_dict()[name], atol=0)
+        np.testing.assert_array_equal(np.asarray(value), module.state_dict()[name].numpy())  # copied exactly
 
 
 def test_eval_forward_parity(case):
@@ -134,8 +135,7 @@ def test_jit_equals_eager(case):
     for train in (False, True):
         eager = bm.apply(bm.params, bm.buffers, key, x.numpy(), train=train)
         jitted = apply(bm.params, bm.buffers, key, x.numpy(), train=train)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5),
-                     eager, jitted)
+        jax.tree.map(lambda a, b: assert_close_on_scale(b, a, LAYER_TOL), eager, jitted)
 
 
 def test_dropout_follows_key(case):
@@ -189,7 +189,7 @@ def test_train_mode_batchnorm_stats_match_torch():
     assert set(new) == {f"{b}.{s}" for b in ("b1", "b2") for s in stats}
     for k, v in ref.state_dict().items():
         if k in new:
-            assert_close(new[k], v, atol=1e-5)
+            assert_close(new[k], v, LAYER_TOL)
             assert new[k].dtype == bm.buffers[k].dtype
 
 

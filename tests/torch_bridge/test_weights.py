@@ -1,4 +1,4 @@
-"""torch_bridge.weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR and GPT."""
+"""interop.torch_weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR and GPT."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -10,10 +10,9 @@ from flax import nnx
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR
-from torch_bridge.reference_models import TorchGPT, TorchMLP, TorchResNetCIFAR
-from torch_bridge.weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
-
-ATOL = 1e-4
+from interop.torch_mirrors import TorchGPT, TorchMLP, TorchResNetCIFAR
+from interop.torch_weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
+from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 
 # name -> (config shared by both sides, NNX class, torch class, input kind)
 CASES = {
@@ -108,7 +107,7 @@ def test_nnx_to_torch(case):
     x_ours, x_theirs = _inputs(case)
     a, b = _ours(ours, x_ours), _theirs(theirs, x_theirs)
     assert a.shape == b.shape
-    np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)
+    assert_close_on_scale(a, b, MODEL_TOL)
     if case.startswith("resnet"):
         assert all(int(v) == 0 for k, v in sd.items() if k.endswith("num_batches_tracked"))
         assert not np.allclose(sd["stem_bn.running_var"].numpy(), 1.0)  # the stats really were non-trivial
@@ -121,7 +120,7 @@ def test_per_layer_resnet_stem():
     a = np.asarray(ours.stem_bn(ours.stem_conv(x_ours), use_running_average=True))  # NHWC
     with torch.no_grad():
         b = theirs.stem_bn(theirs.stem_conv(x_theirs)).permute(0, 2, 3, 1).numpy()
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert_close_on_scale(a, b, LAYER_TOL)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -134,7 +133,7 @@ def test_torch_to_nnx(case):
     after = _arrays(template)
     assert all(np.array_equal(before[k], after[k]) for k in before)  # the template is untouched
     x_ours, x_theirs = _inputs(case, seed=5)
-    np.testing.assert_allclose(_ours(ours, x_ours), _theirs(theirs, x_theirs), atol=ATOL, rtol=0)
+    assert_close_on_scale(_ours(ours, x_ours), _theirs(theirs, x_theirs), MODEL_TOL)
     # a plain {name: np.ndarray} state dict gives the same module
     ours_np = torch_state_dict_to_nnx({k: v.numpy() for k, v in theirs.state_dict().items()}, template)
     assert all(np.array_equal(a, b) for a, b in zip(_arrays(ours).values(), _arrays(ours_np).values()))
@@ -146,7 +145,7 @@ def test_native_init_mlp():
     ours, theirs = MLP(**cfg, rngs=nnx.Rngs(0)), TorchMLP(**cfg).eval()
     theirs.load_state_dict(nnx_to_torch_state_dict(ours), strict=True)
     x_ours, x_theirs = _inputs("mlp")
-    np.testing.assert_allclose(_ours(ours, x_ours), _theirs(theirs, x_theirs), atol=ATOL, rtol=0)
+    assert_close_on_scale(_ours(ours, x_ours), _theirs(theirs, x_theirs), MODEL_TOL)
 
 
 def test_import_does_not_alias_torch_memory():

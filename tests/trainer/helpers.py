@@ -37,3 +37,16 @@ def resnet_task(seed=0):
 def leaves(tree):
     import jax
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def stop_at(batch: int):
+    """A callback that stops training after ``batch`` without touching the run's plan: what the schedules and
+    methods see is an interrupted run (a preemption), not a shorter one."""
+    from jaxcomposer import Callback
+
+    class StopAt(Callback):
+        def batch_end(self, state, logger):
+            if state.timestamp.batch >= batch:
+                state.stop_training(f"stop_at({batch})")
+
+    return StopAt()

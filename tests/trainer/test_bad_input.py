@@ -1,4 +1,4 @@
-"""R7 of ``reference/ecosystem.md`` §6: each bad config or input fails with a jaxcomposer error that names the key,
+"""Each bad config or input fails early with a jaxcomposer error that names the key,
 the value and the expectation, before anything is compiled or written (no run directory, no checkpoint)."""
 import jax
 import numpy as np

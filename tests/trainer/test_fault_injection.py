@@ -1,4 +1,4 @@
-"""R1 and R5 of ``reference/ecosystem.md`` §6, with real processes: SIGKILL at random moments (one of them inside
+"""Exact autoresume and device-count portability, with real processes: SIGKILL at random moments (one of them inside
 an asynchronous save), then autoresume, ends with the same bits as a run never interrupted; a checkpoint written
 on 8 devices restores bitwise on 1, and one written on 1 restores bitwise on 8."""
 import random

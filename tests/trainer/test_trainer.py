@@ -10,6 +10,8 @@ from jaxcomposer.callbacks import ThresholdStopper
 from jaxcomposer.loggers import InMemoryLogger
 from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
 from jaxcomposer.trainer.trainer import ConfigurationError
+from jaxcomposer.core.time import Time
+from tests.trainer import helpers
 from tests.trainer.helpers import digits, leaves, loaders, mlp_task, resnet_task
 
 
@@ -162,8 +164,7 @@ def test_save_and_resume_continue_bit_for_bit(tmp_path, stop_at):
 
     straight = trainer()
     straight.fit()
-    first = trainer()
-    first.max_duration = type(first.max_duration)(stop_at, "ba")
+    first = trainer(callbacks=[helpers.stop_at(stop_at)])
     first.fit()
     assert first.state.timestamp.epoch == stop_at // 8
     first.save_checkpoint(tmp_path / "ck")
@@ -185,3 +186,38 @@ def test_load_path_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"torch")  # a Composer checkpoint file, say
     with pytest.raises(ValueError, match="model.pt is a file; a jaxcomposer checkpoint is a directory"):
         make(load_path=tmp_path / "model.pt")
+
+
+def test_fit_duration_continues_as_composer_does():
+    """Composer's ``fit(duration=...)``: train that much more; ``max_duration`` becomes timestamp + duration, so
+    the plan (total steps, schedules) follows, with a fresh compile."""
+    from jaxcomposer.data import ArrayLoader
+
+    trainer = Trainer(model=mlp_task(), train_dataloader=ArrayLoader(digits("train", 256), 32, seed=1),
+                      optimizers=DecoupledSGDW(lr=0.1), seed=0, progress_bar=False)
+    with pytest.raises(ConfigurationError, match="max_duration: required to fit"):
+        trainer.fit()
+    trainer.fit(duration="2ba")
+    assert trainer.state.timestamp.batch == 2 and trainer.total_steps == 2 and trainer.state.max_duration == Time(2, "ba")
+    trainer.fit(duration=1)  # an int is epochs; timestamp (epoch 0) + 1ep: to the end of this epoch of 8 batches
+    assert trainer.state.timestamp.batch == 8 and trainer.state.timestamp.epoch == 1
+    assert trainer.max_duration == Time(1, "ep") and trainer.total_steps == 8 and trainer.state.total_steps == 8
+    trainer.fit(duration="3ba")
+    assert trainer.state.timestamp.batch == 11 and trainer.max_duration == Time(11, "ba")
+    trainer.fit()  # the plan is done: nothing more to train
+    assert trainer.state.timestamp.batch == 11
+    with pytest.raises(ConfigurationError, match="duration: got '0ba'"):
+        trainer.fit(duration="0ba")
+    with pytest.raises(AttributeError):
+        trainer.max_duration = "1ep"  # the plan is changed through fit(duration=...), never by hand
+
+
+def test_fit_with_another_train_dataloader():
+    from jaxcomposer.data import ArrayLoader
+
+    trainer = Trainer(model=mlp_task(), train_dataloader=ArrayLoader(digits("train", 256), 32, seed=1),
+                      max_duration="1ep", optimizers=DecoupledSGDW(lr=0.1), seed=0, progress_bar=False)
+    trainer.fit()
+    assert trainer.steps_per_epoch == 8 and trainer.state.timestamp.batch == 8
+    trainer.fit(train_dataloader=ArrayLoader(digits("train", 128), 32, seed=1), duration="1ep")
+    assert trainer.steps_per_epoch == 4 and trainer.state.timestamp.batch == 12 and trainer.total_steps == 8

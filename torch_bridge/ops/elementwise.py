@@ -114,20 +114,41 @@ def same_rank(*xs):
 
 
 def _binary(fn, kind="default"):
-    """Wrap ``fn(a, b)`` with torch promotion. kind: default | int_to_float | bool_to_long | always_bool."""
+    """The one factory of binary lowerings: ``fn(a, b)`` with torch broadcasting and type promotion.
 
-    def run(a, b):
-        a, b = same_rank(a, b)
-        dtype = result_dtype(a, b)
+    kind: ``default`` (computed in ``opmath`` of the promoted dtype, cast back), ``int_to_float`` (ints/bools give
+    float32), ``always_bool`` (comparisons: bool result), ``bitwise`` (promoted int/bool only, no opmath), ``logical``
+    (both sides as truth values, bool result). The returned function takes ATen's argument names ``(self, other)``.
+    """
+    if kind not in ("default", "int_to_float", "always_bool", "bitwise", "logical"):
+        raise ValueError(f"torch_bridge: unknown binary kind {kind!r}")
+
+    def run(self, other):
+        self, other = same_rank(self, other)
+        if kind == "logical":
+            return fn(_truthy(self), _truthy(other))
+        dtype = result_dtype(self, other)
+        if kind == "bitwise":
+            if _category(dtype) >= 2:
+                raise TypeError("torch_bridge: bitwise ops need integer or bool tensors (as in torch)")
+            return fn(_as(self, dtype), _as(other, dtype))
         if kind == "int_to_float":
             dtype = int_to_float(dtype)
-        elif kind == "bool_to_long" and dtype == _BOOL:
-            dtype = _DEFAULT_INT
         compute = opmath(dtype)
-        out = fn(_as(a, compute), _as(b, compute))
+        out = fn(_as(self, compute), _as(other, compute))
         return out if kind == "always_bool" else out.astype(dtype)
 
     return run
+
+
+def _define(name, ops, run):
+    """Register ``run`` (made by a factory here) as the lowering of ``ops``, named ``name``, and return it."""
+    run.__name__ = run.__qualname__ = name
+    return lower(*ops)(run)
+
+
+def _define_binary(name, ops, fn, kind="default"):
+    return _define(name, ops, _binary(fn, kind))
 
 
 def _unary_float(fn):
@@ -150,18 +171,12 @@ def _scaled(other, alpha):
 
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
-    self, other = same_rank(self, other)
-    dtype = result_dtype(self, other)
-    c = opmath(dtype)
-    return (_as(self, c) + _scaled(_as(other, c), alpha)).astype(dtype)
+    return _binary(lambda a, b: a + _scaled(b, alpha))(self, other)
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
-    self, other = same_rank(self, other)
-    dtype = result_dtype(self, other)
-    c = opmath(dtype)
-    return (_as(self, c) - _scaled(_as(other, c), alpha)).astype(dtype)
+    return _binary(lambda a, b: a - _scaled(b, alpha))(self, other)
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -169,12 +184,7 @@ def rsub(self, other, alpha=1):
     return sub(other, self, alpha=alpha)
 
 
-_mul = _binary(jnp.multiply)
-
-
-@lower(aten.mul.Tensor, aten.mul.Scalar)
-def mul(self, other):
-    return _mul(self, other)
+mul = _define_binary("mul", (aten.mul.Tensor, aten.mul.Scalar), jnp.multiply)
 
 
 def _div_floor_float(a, b):
@@ -217,9 +227,7 @@ def div_mode(self, other, rounding_mode=None):
     raise ValueError(f"torch_bridge: div rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
 
 
-@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
-def floor_divide(self, other):
-    return _floor_div(self, other)
+floor_divide = _define_binary("floor_divide", (aten.floor_divide.default, aten.floor_divide.Scalar), _div_floor)
 
 
 def _remainder(a, b):
@@ -227,18 +235,9 @@ def _remainder(a, b):
     return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
-_rem = _binary(_remainder)
-_fmod = _binary(jnp.fmod)
-
-
-@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
-def remainder(self, other):
-    return _rem(self, other)
-
-
-@lower(aten.fmod.Tensor, aten.fmod.Scalar)
-def fmod(self, other):
-    return _fmod(self, other)
+remainder = _define_binary("remainder", (aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor),
+                           _remainder)
+fmod = _define_binary("fmod", (aten.fmod.Tensor, aten.fmod.Scalar), jnp.fmod)
 
 
 def _pow_scalar_exponent(base, exponent: float):
@@ -283,54 +282,14 @@ def square(self):
     return pow_tensor_scalar(self, 2)
 
 
-_max = _binary(jnp.maximum)
-_min = _binary(jnp.minimum)
-_fmax = _binary(jnp.fmax)
-_fmin = _binary(jnp.fmin)
-_atan2 = _binary(jnp.arctan2, "int_to_float")
-_hypot = _binary(jnp.hypot, "int_to_float")
-_copysign = _binary(jnp.copysign, "int_to_float")
-_logaddexp = _binary(jnp.logaddexp, "int_to_float")
-
-
-@lower(aten.maximum.default)
-def maximum(self, other):
-    return _max(self, other)
-
-
-@lower(aten.minimum.default)
-def minimum(self, other):
-    return _min(self, other)
-
-
-@lower(aten.fmax.default)
-def fmax(self, other):
-    return _fmax(self, other)
-
-
-@lower(aten.fmin.default)
-def fmin(self, other):
-    return _fmin(self, other)
-
-
-@lower(aten.atan2.default)
-def atan2(self, other):
-    return _atan2(self, other)
-
-
-@lower(aten.hypot.default)
-def hypot(self, other):
-    return _hypot(self, other)
-
-
-@lower(aten.copysign.Tensor, aten.copysign.Scalar)
-def copysign(self, other):
-    return _copysign(self, other)
-
-
-@lower(aten.logaddexp.default)
-def logaddexp(self, other):
-    return _logaddexp(self, other)
+maximum = _define_binary("maximum", (aten.maximum.default,), jnp.maximum)
+minimum = _define_binary("minimum", (aten.minimum.default,), jnp.minimum)
+fmax = _define_binary("fmax", (aten.fmax.default,), jnp.fmax)
+fmin = _define_binary("fmin", (aten.fmin.default,), jnp.fmin)
+atan2 = _define_binary("atan2", (aten.atan2.default,), jnp.arctan2, "int_to_float")
+hypot = _define_binary("hypot", (aten.hypot.default,), jnp.hypot, "int_to_float")
+copysign = _define_binary("copysign", (aten.copysign.Tensor, aten.copysign.Scalar), jnp.copysign, "int_to_float")
+logaddexp = _define_binary("logaddexp", (aten.logaddexp.default,), jnp.logaddexp, "int_to_float")
 
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
@@ -365,16 +324,6 @@ def addcdiv(self, tensor1, tensor2, value=1):
 # unary
 # ----------------------------------------------------------------------------------------------------------------
 
-def _register_unary_float(op, fn):
-    run = _unary_float(fn)
-
-    def lowering(self):
-        return run(self)
-
-    lowering.__name__ = op.__name__.split(".")[0]
-    lower(op)(lowering)
-
-
 for _op, _fn in [
     (aten.acos.default, jnp.arccos), (aten.acosh.default, jnp.arccosh), (aten.asin.default, jnp.arcsin),
     (aten.asinh.default, jnp.arcsinh), (aten.atan.default, jnp.arctan), (aten.atanh.default, jnp.arctanh),
@@ -387,7 +336,7 @@ for _op, _fn in [
     (aten.log2.default, jnp.log2), (aten.sqrt.default, jnp.sqrt), (aten.rsqrt.default, jax.lax.rsqrt),
     (aten.reciprocal.default, jnp.reciprocal),
 ]:
-    _register_unary_float(_op, _fn)
+    _define(_op.__name__.split(".")[0], (_op,), _unary_float(_fn))
 
 
 @lower(aten.abs.default)
@@ -429,27 +378,10 @@ def _rounding(fn):
     return run
 
 
-_ceil, _floor, _trunc, _round = (_rounding(f) for f in (jnp.ceil, jnp.floor, jnp.trunc, jnp.round))
-
-
-@lower(aten.ceil.default)
-def ceil(self):
-    return _ceil(self)
-
-
-@lower(aten.floor.default)
-def floor(self):
-    return _floor(self)
-
-
-@lower(aten.trunc.default, aten.fix.default)
-def trunc(self):
-    return _trunc(self)
-
-
-@lower(aten.round.default)
-def round_(self):  # half to even, as torch
-    return _round(self)
+ceil = _define("ceil", (aten.ceil.default,), _rounding(jnp.ceil))
+floor = _define("floor", (aten.floor.default,), _rounding(jnp.floor))
+trunc = _define("trunc", (aten.trunc.default, aten.fix.default), _rounding(jnp.trunc))
+round_ = _define("round_", (aten.round.default,), _rounding(jnp.round))  # half to even, as torch
 
 
 @lower(aten.round.decimals)
@@ -488,52 +420,16 @@ def _predicate(fn, int_value: bool):
     return run
 
 
-_isnan = _predicate(jnp.isnan, False)
-_isinf = _predicate(jnp.isinf, False)
-_isfinite = _predicate(jnp.isfinite, True)
-_isposinf = _predicate(jnp.isposinf, False)
-_isneginf = _predicate(jnp.isneginf, False)
-
-
-@lower(aten.isnan.default)
-def isnan(self):
-    return _isnan(self)
-
-
-@lower(aten.isinf.default)
-def isinf(self):
-    return _isinf(self)
-
-
-@lower(aten.isfinite.default)
-def isfinite(self):
-    return _isfinite(self)
-
-
-@lower(aten.isposinf.default)
-def isposinf(self):
-    return _isposinf(self)
-
-
-@lower(aten.isneginf.default)
-def isneginf(self):
-    return _isneginf(self)
-
-
-def _register_comparison(name, fn):
-    run = _binary(fn, "always_bool")
-
-    def lowering(self, other):
-        return run(self, other)
-
-    lowering.__name__ = name
-    packet = getattr(aten, name)
-    lower(packet.Tensor, packet.Scalar)(lowering)
-
+isnan = _define("isnan", (aten.isnan.default,), _predicate(jnp.isnan, False))
+isinf = _define("isinf", (aten.isinf.default,), _predicate(jnp.isinf, False))
+isfinite = _define("isfinite", (aten.isfinite.default,), _predicate(jnp.isfinite, True))
+isposinf = _define("isposinf", (aten.isposinf.default,), _predicate(jnp.isposinf, False))
+isneginf = _define("isneginf", (aten.isneginf.default,), _predicate(jnp.isneginf, False))
 
 for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
                    ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
-    _register_comparison(_name, _fn)
+    _packet = getattr(aten, _name)
+    _define_binary(_name, (_packet.Tensor, _packet.Scalar), _fn, "always_bool")
 
 
 def _truthy(x):
@@ -542,22 +438,9 @@ def _truthy(x):
     return jnp.asarray(bool(x))
 
 
-@lower(aten.logical_and.default)
-def logical_and(self, other):
-    self, other = same_rank(self, other)
-    return jnp.logical_and(_truthy(self), _truthy(other))
-
-
-@lower(aten.logical_or.default)
-def logical_or(self, other):
-    self, other = same_rank(self, other)
-    return jnp.logical_or(_truthy(self), _truthy(other))
-
-
-@lower(aten.logical_xor.default)
-def logical_xor(self, other):
-    self, other = same_rank(self, other)
-    return jnp.logical_xor(_truthy(self), _truthy(other))
+logical_and = _define_binary("logical_and", (aten.logical_and.default,), jnp.logical_and, "logical")
+logical_or = _define_binary("logical_or", (aten.logical_or.default,), jnp.logical_or, "logical")
+logical_xor = _define_binary("logical_xor", (aten.logical_xor.default,), jnp.logical_xor, "logical")
 
 
 @lower(aten.logical_not.default)
@@ -565,33 +448,12 @@ def logical_not(self):
     return jnp.logical_not(_truthy(self))
 
 
-def _bitwise(fn):
-    def run(self, other):
-        self, other = same_rank(self, other)
-        dtype = result_dtype(self, other)
-        if _category(dtype) >= 2:
-            raise TypeError("torch_bridge: bitwise ops need integer or bool tensors (as in torch)")
-        return fn(_as(self, dtype), _as(other, dtype))
-
-    return run
-
-
-_and, _or, _xor = _bitwise(jnp.bitwise_and), _bitwise(jnp.bitwise_or), _bitwise(jnp.bitwise_xor)
-
-
-@lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.__and__.Tensor, aten.__and__.Scalar)
-def bitwise_and(self, other):
-    return _and(self, other)
-
-
-@lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.__or__.Tensor, aten.__or__.Scalar)
-def bitwise_or(self, other):
-    return _or(self, other)
-
-
-@lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.__xor__.Tensor, aten.__xor__.Scalar)
-def bitwise_xor(self, other):
-    return _xor(self, other)
+bitwise_and = _define_binary("bitwise_and", (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.__and__.Tensor,
+                                             aten.__and__.Scalar), jnp.bitwise_and, "bitwise")
+bitwise_or = _define_binary("bitwise_or", (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.__or__.Tensor,
+                                           aten.__or__.Scalar), jnp.bitwise_or, "bitwise")
+bitwise_xor = _define_binary("bitwise_xor", (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.__xor__.Tensor,
+                                             aten.__xor__.Scalar), jnp.bitwise_xor, "bitwise")
 
 
 @lower(aten.bitwise_not.default)

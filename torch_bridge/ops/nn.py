@@ -5,7 +5,7 @@ reshapes replace implicit broadcasting because jaxcomposer runs JAX with rank pr
 
 Mutating overloads (``_native_batch_norm_legit.default`` with its ``Tensor(a!)`` running stats) are deliberately not
 lowered: ``run_decompositions`` functionalizes them away, and lowering them as pure functions would silently drop
-the mutation (torchax's BatchNorm bug, reference/bridge.md §1a).
+the mutation (torchax's BatchNorm bug: running statistics that never update).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 One explicit, shape-checked table per architecture maps every NNX variable to one torch ``state_dict`` key:
 
 =============================  ====================================  ==========================================
-NNX (``jaxcomposer.models``)   torch (``reference_models`` mirror)   transform
+NNX (``jaxcomposer.models``)   torch (``torch_mirrors`` mirror)      transform
 =============================  ====================================  ==========================================
 ``<linear>.kernel`` (in, out)  ``<linear>.weight`` (out, in)         transpose
 ``<linear>.bias``              ``<linear>.bias``                     copy
@@ -168,7 +168,7 @@ def conversion_table(model: nnx.Module) -> ConversionTable:
     for cls, build in _TABLES:
         if isinstance(model, cls):
             return build(model)
-    raise TypeError(f"torch_bridge.weights: no conversion table for {type(model).__name__}; "
+    raise TypeError(f"interop.torch_weights: no conversion table for {type(model).__name__}; "
                     f"supported: {', '.join(c.__name__ for c, _ in _TABLES)}.")
 
 
@@ -179,14 +179,14 @@ def _flat_variables(model: nnx.Module, table: ConversionTable) -> dict[NnxPath, 
     unmapped, absent = sorted(set(flat) - wanted, key=str), sorted(wanted - set(flat), key=str)
     if unmapped or absent:
         raise ValueError(
-            f"torch_bridge.weights: the {table.architecture} table does not match this {type(model).__name__}: "
+            f"interop.torch_weights: the {table.architecture} table does not match this {type(model).__name__}: "
             f"variables without a table entry: {['.'.join(map(str, p)) for p in unmapped]}; "
             f"table entries without a variable: {['.'.join(map(str, p)) for p in absent]}.")
     return flat
 
 
 def nnx_to_torch_state_dict(model: nnx.Module) -> dict[str, torch.Tensor]:
-    """A torch ``state_dict`` for the matching ``torch_bridge.reference_models`` mirror of ``model``.
+    """A torch ``state_dict`` for the matching ``interop.torch_mirrors`` mirror of ``model``.
 
     Loads with ``load_state_dict(..., strict=True)``; tensors are fresh CPU copies (the model is untouched).
     """
@@ -246,7 +246,7 @@ def torch_state_dict_to_nnx(state_dict: Mapping[str, Any], model: nnx.Module) ->
             continue
         problems.append(f"unexpected key {key!r}: expected no such key, got shape {_shape(sd[key].shape)}")
     if problems:
-        raise ValueError(f"torch_bridge.weights: state dict does not match {table.architecture}:\n  "
+        raise ValueError(f"interop.torch_weights: state dict does not match {table.architecture}:\n  "
                          + "\n  ".join(problems))
 
     new = nnx.clone(model)

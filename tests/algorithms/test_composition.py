@@ -1,0 +1,66 @@
+"""Item 5 of every method's contract: it composes with every other method (docs/design.md, "Tests").
+
+One table drives it: every unordered pair of registered methods, once. Pairs that declare a conflict must raise
+before anything is compiled; pairs that share a slot (their wrappers nest) or change shapes (a ``stage`` slot)
+run four jitted dummy steps through every slot with finite losses; the rest, whose slots are disjoint, must
+compose into exactly the union of their slots.
+"""
+import itertools
+
+import jax
+import pytest
+
+from jaxcomposer.core.method import MethodConflictError, compose
+from tests.algorithms.algo_testing import examples, run_steps
+
+SLOTS = ("model", "batch", "loss", "grad", "tx", "schedule", "post_step", "eval", "data")
+NAMES = sorted(examples())
+PAIRS = list(itertools.combinations(NAMES, 2))
+
+
+def _slots(m) -> set[str]:
+    return {s for s in SLOTS if getattr(m, s) is not None}
+
+
+def _declared_conflict(a, b) -> bool:
+    return bool(a.exclusive & b.exclusive) or a.name in b.conflicts_with or b.name in a.conflicts_with
+
+
+def test_table_covers_every_pair():
+    assert len(PAIRS) == len(NAMES) * (len(NAMES) - 1) // 2 and len(NAMES) >= 16
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_listed_twice_is_refused(name):
+    with pytest.raises(MethodConflictError, match="more than once"):
+        compose([examples()[name].make(), examples()[name].make()])
+
+
+@pytest.mark.parametrize("first,second", PAIRS, ids=[f"{a}+{b}" for a, b in PAIRS])
+def test_pair_composes(first, second, key):
+    a, b = examples()[first].make(), examples()[second].make()
+    if _declared_conflict(a, b):
+        with pytest.raises(MethodConflictError):
+            compose([a, b])
+        with pytest.raises(MethodConflictError):
+            compose([b, a])
+        return
+    composed = compose([a, b])
+    assert set(composed.names) == {first, second}
+    if _slots(a) & _slots(b) or a.stage is not None or b.stage is not None:
+        run_steps(composed, key)
+    else:  # disjoint slots cannot interact: the composition holds each method's own pieces, none dropped
+        for slot in SLOTS:
+            assert [m.name for m, _ in composed._each(slot)] == [m.name for m in composed.methods
+                                                                 if getattr(m, slot) is not None]
+
+
+def test_mixers_conflict_by_declaration_not_by_name():
+    from jaxcomposer.core.method import Method
+
+    with pytest.raises(MethodConflictError, match="interpolate"):
+        compose([examples()["MixUp"].make(), Method(name="x", exclusive={"interpolates_targets"})])
+    with pytest.raises(MethodConflictError, match="cannot be combined"):
+        compose([Method(name="a", conflicts_with={"b"}), Method(name="b")])
+    outer = Method(name="z", order=-1)
+    assert compose([Method(name="a"), outer]).names == ("z", "a")

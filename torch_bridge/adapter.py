@@ -1,0 +1,45 @@
+"""torch_bridge's :class:`jaxcomposer.core.adapters.Adapter`: how the Trainer meets torch objects.
+
+Declared in ``pyproject.toml`` under the entry point group ``jaxcomposer.adapters`` with the name ``torch``, so
+jaxcomposer loads it the first time it meets an object whose class comes from torch, and never imports torch
+otherwise. It converts ``nn.Module``s (exported from example inputs taken from the first batch), wraps
+``DataLoader``s, and holds the torch-level surgery of the ``model``-slot methods, keyed by method name.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from jaxcomposer.core.adapters import Adapter
+from jaxcomposer.errors import ConfigurationError
+
+from .data import from_dataloader
+from .module import from_torch
+from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
+
+
+def _to_pure_model(module: torch.nn.Module, example_inputs):
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    inputs = tuple(torch.from_numpy(np.array(x)) for x in inputs)
+    return from_torch(module, inputs, dynamic_batch=True).as_pure_model()
+
+
+def _to_loader(loader, name: str):
+    if isinstance(loader, torch.utils.data.DataLoader):
+        return from_dataloader(loader)
+    if isinstance(loader, torch.utils.data.Dataset):
+        raise ConfigurationError(f"{name}: got a torch Dataset, which has no batch size; pass "
+                                 f"torch_bridge.data.from_dataset(dataset, batch_size=...) or a torch DataLoader")
+    return None
+
+
+def _blurpool(module: torch.nn.Module, *, replace_convs: bool, replace_maxpools: bool, blur_first: bool,
+              min_channels: int):
+    """BlurPool on a torch module: ``(new module, blur max-pools in it, blur convs in it)``."""
+    new, _ = apply_blurpool_torch(module, replace_convs=replace_convs, replace_maxpools=replace_maxpools,
+                                  blur_first=blur_first, min_channels=min_channels)
+    return new, count_module_instances(new, BlurMaxPool2d), count_module_instances(new, BlurConv2d)
+
+
+ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure_model=_to_pure_model,
+                  to_loader=_to_loader, surgery={"BlurPool": _blurpool})
