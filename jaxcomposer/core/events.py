@@ -43,8 +43,26 @@ class RunPlan:
     steps_per_epoch: int | None = None
 
 
+class ReadsPlan:
+    """The plan's fields as read-only attributes of an object holding ``plan`` (RunState, Trainer)."""
+
+    plan: RunPlan
+
+    @property
+    def max_duration(self) -> Time | None:
+        return self.plan.max_duration
+
+    @property
+    def total_steps(self) -> int:
+        return self.plan.total_steps
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return self.plan.steps_per_epoch
+
+
 @dataclasses.dataclass
-class RunState:
+class RunState(ReadsPlan):
     """What a host callback sees. The trainer owns and advances it; callbacks read it and may ask to stop.
 
     ``train_state`` is the live device pytree (read it, do not keep references across steps: its buffers are
@@ -63,18 +81,6 @@ class RunState:
     learning_rate: Any = None
     stop_requested: bool = False
     stop_reason: str = ""
-
-    @property
-    def max_duration(self) -> Time | None:
-        return self.plan.max_duration
-
-    @property
-    def total_steps(self) -> int:
-        return self.plan.total_steps
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        return self.plan.steps_per_epoch
 
     def stop_training(self, reason: str = "") -> None:
         self.stop_requested = True

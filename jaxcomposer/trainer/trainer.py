@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
-from jaxcomposer.core.events import Callback, Event, RunPlan, RunState
+from jaxcomposer.core.events import Callback, Event, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
@@ -53,7 +53,55 @@ def _batch_size(batch: dict) -> int:
     return int(jax.tree_util.tree_leaves(batch)[0].shape[0])
 
 
-class Trainer:
+class Trainer(ReadsPlan):
+    """Composer's ``Trainer``: the same keyword names, around one jitted pure step (docs/design.md).
+
+    Every argument is validated in ``__init__``, before anything is compiled or written; a bad one raises
+    :class:`~jaxcomposer.errors.ConfigurationError` naming it.
+
+    Args:
+        model: a task (:class:`~jaxcomposer.models.ComposerClassifier`, :class:`~jaxcomposer.models.ComposerCausalLM`
+            or your own :class:`~jaxcomposer.core.model.Task`) around a Flax NNX module, or a bare torch
+            ``nn.Module`` (a classifier, converted by ``torch_bridge`` from the first batch).
+        train_dataloader: an iterable of dict batches or ``(input, target)`` pairs (numpy, jax or torch arrays);
+            a torch ``DataLoader`` is wrapped. Loaders with ``set_state``/``set_epoch`` resume exactly.
+        eval_dataloader: batches for :meth:`eval`, padded and masked so every example counts once.
+        max_duration: how long to train: ``'10ep'``, ``'500ba'``, ``'60000sp'``, ``'1e6tok'``, or an int of
+            epochs. Required for :meth:`fit` unless ``fit(duration=...)`` is given.
+        optimizers: an optax ``GradientTransformation`` (``DecoupledSGDW``/``DecoupledAdamW`` from
+            :mod:`jaxcomposer.optim`, or any optax one), or a one-element list of it; default
+            ``DecoupledSGDW(lr=0.1)``, as Composer.
+        schedulers: Composer schedulers (:mod:`jaxcomposer.optim`), one or a list; their multipliers compose.
+        scale_schedule_ratio: scales ``max_duration`` and the schedules (Composer's SSR); needs ``schedulers``.
+        algorithms: speedup methods (:mod:`jaxcomposer.algorithms`), composed in one step; conflicts raise.
+        callbacks: host callbacks (:mod:`jaxcomposer.callbacks`) run at Composer's events.
+        loggers: logger destinations (:mod:`jaxcomposer.loggers`).
+        eval_interval: evaluate every N epochs (int or ``'Nep'``) or batches (``'Nba'``); 0 disables. Default 1.
+        eval_subset_num_batches: evaluate on at most this many batches (-1: all).
+        train_subset_num_batches: train on at most this many batches per epoch (-1: all).
+        seed: the run's seed (random if None); every random draw derives from it and the step.
+        precision: ``'fp32'`` (default) or ``'amp_bf16'`` (fp32 master weights, bf16 compute).
+        device_train_microbatch_size: gradient accumulation: microbatches of this size (must divide the batch
+            and be a multiple of the device count); the update equals the full-batch one.
+        run_name: names the run (and, with ``autoresume``, recognises a relaunch of it).
+        run_dir: where ``metrics.jsonl``, TensorBoard events and ``metrics.png`` go (none if None).
+        progress_bar: show a progress bar with loss, throughput and ETA (default True).
+        log_to_console: also print metrics as lines (default False).
+        load_path: a checkpoint directory, or a ``save_folder`` (its newest good step), to start from.
+        save_folder: where periodic checkpoints go (orbax; atomic, async, checksummed).
+        save_interval: ``'1ep'`` (default), ``'Nba'``, or a ``(state, event) -> bool``.
+        save_num_checkpoints_to_keep: keep the newest N (-1: all).
+        save_overwrite: replace an earlier run's checkpoints in ``save_folder`` (deleted at the first save).
+        save_weights_only: save params and model state only (such a checkpoint cannot continue a run).
+        load_weights_only: from ``load_path`` restore params and model state only; training starts at batch 0.
+        load_ignore_keys: globs on dotted paths (``'params.head.*'``) kept freshly initialised on load.
+        autoresume: continue from the newest good checkpoint in ``save_folder`` (needs ``run_name``).
+        nonfinite: ``'raise'`` (default) stops at the first NaN/inf loss or gradient; ``'skip'`` skips such steps
+            (their update is never applied; the clock still advances). Ours; Composer has no such policy.
+        nonfinite_max_skips: with ``'skip'``, raise after this many skipped steps in a row (default 10).
+        devices: the devices of the data-parallel mesh (default: all).
+    """
+
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
                  eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
@@ -165,19 +213,7 @@ class Trainer:
                               train_state=state, learning_rate=self._lr_at)
         self._fire(Event.INIT)
 
-    # ---- the run's plan: max_duration lives in one place ----
-    @property
-    def max_duration(self) -> Time | None:
-        return self.plan.max_duration
-
-    @property
-    def total_steps(self) -> int:
-        return self.plan.total_steps
-
-    @property
-    def steps_per_epoch(self) -> int | None:
-        return self.plan.steps_per_epoch
-
+    # ---- the run's plan: max_duration lives in one place (self.plan; read through ReadsPlan) ----
     @property
     def run_info(self) -> RunInfo:
         return RunInfo(self.plan.total_steps, self.plan.steps_per_epoch, self.base_lr)
