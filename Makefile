@@ -27,10 +27,10 @@ demo: $(STAMP) data
 	$(VENV)/bin/jaxcomposer fit configs/quickstart.yaml
 
 test: $(STAMP) data
-	$(VENV)/bin/pytest -n 2 --dist worksteal -q
+	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
 
 test-fast: $(STAMP) data
-	$(VENV)/bin/pytest -n 2 --dist worksteal -q -m "not slow"
+	$(VENV)/bin/pytest -n 2 --dist loadgroup -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

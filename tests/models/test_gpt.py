@@ -10,6 +10,9 @@ from flax import nnx
 from jaxcomposer.core.model import from_nnx
 from jaxcomposer.models import GPT, num_params
 
+# its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_gpt")
+
 CFG = dict(vocab_size=256, seq_len=16, d_model=32, n_layers=2, n_heads=2)
 
 

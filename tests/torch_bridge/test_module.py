@@ -14,6 +14,9 @@ import torch_bridge
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 from torch_bridge import BridgedModel, UnsupportedOpError, from_torch
 
+# its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_module")
+
 
 class CNN(nn.Module):
     def __init__(self):

@@ -21,6 +21,9 @@ from jaxcomposer.trainer.trainer import Trainer
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 from tests.torch_bridge.zoo import SmallCNN, TinyGPT, TorchMLP
 
+# its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_trainer_bridge")
+
 NUM_CLASSES = 3
 
 

@@ -14,6 +14,9 @@ from interop.torch_mirrors import TorchGPT, TorchMLP, TorchResNetCIFAR
 from interop.torch_weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 
+# its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_weights")
+
 # name -> (config shared by both sides, NNX class, torch class, input kind)
 CASES = {
     "mlp": (dict(in_features=12, hidden=(16, 8), num_classes=5, dropout=0.1), MLP, TorchMLP, "vector"),

@@ -16,6 +16,9 @@ from torch_bridge import from_torch
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 from tests.torch_bridge.zoo import ZOO, ConvBNReLU
 
+# its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_zoo_parity")
+
 BATCH = 4
 # XLA:CPU compile time dominates these tests; LLVM at -O0 compiles 2-4x faster and is plenty for parity checks.
 jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})

@@ -1,6 +1,7 @@
 """Exact autoresume and device-count portability, with real processes: SIGKILL at random moments (one of them inside
 an asynchronous save), then autoresume, ends with the same bits as a run never interrupted; a checkpoint written
 on 8 devices restores bitwise on 1, and one written on 1 restores bitwise on 8."""
+import os
 import random
 import signal
 import subprocess
@@ -16,9 +17,16 @@ ROOT = SCRIPT.parents[2]
 pytestmark = pytest.mark.slow
 
 
-def launch(folder, devices, batches, out, *extra) -> subprocess.Popen:
+def launch(folder, devices, batches, out, *extra, optimized: bool = False) -> subprocess.Popen:
+    """``optimized``: compile with XLA's optimizations, which the test session turns off (tests/conftest.py)."""
+    env = {k: v for k, v in os.environ.items() if not (optimized and k == "JAX_DISABLE_MOST_OPTIMIZATIONS")}
     return subprocess.Popen([sys.executable, str(SCRIPT), str(folder), str(devices), str(batches), str(out), *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def launch_optimized(*args) -> subprocess.Popen:
+    """A run compiled as users run it (the SIGKILL test checks bitwise resume in that configuration)."""
+    return launch(*args, optimized=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -65,26 +73,26 @@ BATCHES = 16
 def test_sigkill_at_random_moments_then_autoresume_is_bitwise(tmp_path):
     rng = random.Random(2026)
     reference = tmp_path / "reference.npz"
-    finish(launch(tmp_path / "ref", 4, BATCHES, reference))
+    finish(launch_optimized(tmp_path / "ref", 4, BATCHES, reference))
 
     # 1. killed right after a randomly chosen committed save, somewhere in the first half
     first = rng.choice([4, 6, 8])
     folder = tmp_path / "a"
-    kill_when(launch(folder, 4, BATCHES, tmp_path / "a.npz"), folder, lambda f: first in committed(f))
-    resumed = finish(launch(folder, 4, BATCHES, tmp_path / "a.npz", "--autoresume"))
+    kill_when(launch_optimized(folder, 4, BATCHES, tmp_path / "a.npz"), folder, lambda f: first in committed(f))
+    resumed = finish(launch_optimized(folder, 4, BATCHES, tmp_path / "a.npz", "--autoresume"))
     assert int(resumed.split("START batch=")[1].split()[0]) >= first
     assert_same_bits(reference, tmp_path / "a.npz")
 
     # 2. killed inside an asynchronous save; then killed again after a random later save of the resumed run
     folder = tmp_path / "b"
-    kill_when(launch(folder, 4, BATCHES, tmp_path / "b.npz"), folder, lambda f: saving(f, 6))
+    kill_when(launch_optimized(folder, 4, BATCHES, tmp_path / "b.npz"), folder, lambda f: saving(f, 6))
     torn = [p.name for p in folder.iterdir() if p.name.endswith(".orbax-checkpoint-tmp")]
     assert torn, "the kill was meant to land inside a save"
     torn_step = int(torn[0].split(".")[0])
     second = rng.choice([10, 12])
-    kill_when(launch(folder, 4, BATCHES, tmp_path / "b.npz", "--autoresume"), folder,
+    kill_when(launch_optimized(folder, 4, BATCHES, tmp_path / "b.npz", "--autoresume"), folder,
               lambda f: second in committed(f))
-    resumed = finish(launch(folder, 4, BATCHES, tmp_path / "b.npz", "--autoresume"))
+    resumed = finish(launch_optimized(folder, 4, BATCHES, tmp_path / "b.npz", "--autoresume"))
     assert int(resumed.split("START batch=")[1].split()[0]) >= second > torn_step
     assert not any(p.name.endswith(".orbax-checkpoint-tmp") for p in folder.iterdir())
     assert_same_bits(reference, tmp_path / "b.npz")
