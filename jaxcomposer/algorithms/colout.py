@@ -38,17 +38,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["colout_batch", "ColOut"]
-
-
-def _spatial_axes(ndim: int, data_format: str) -> tuple[int, int]:
-    if data_format == "NHWC":
-        return ndim - 3, ndim - 2
-    if data_format == "NCHW":
-        return ndim - 2, ndim - 1
-    raise ValueError(f"colout: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
 
 
 def _check_p(name: str, p) -> float:
@@ -68,7 +61,7 @@ def _target_axes(input_ndim: int, target: jax.Array, data_format: str) -> tuple[
     channel axis, or one at the end), the last two in NCHW (Composer's ``[..., rows, :]`` indexing)."""
     if data_format == "NCHW":
         return target.ndim - 2, target.ndim - 1
-    return _spatial_axes(input_ndim, data_format)
+    return spatial_axes(input_ndim, data_format, "colout")
 
 
 def _should_resize_target(input: jax.Array, target, resize_target, data_format: str) -> bool:
@@ -78,7 +71,7 @@ def _should_resize_target(input: jax.Array, target, resize_target, data_format: 
         return resize_target
     if target is None or target.ndim <= 2:
         return False
-    ay, ax = _spatial_axes(input.ndim, data_format)
+    ay, ax = spatial_axes(input.ndim, data_format, "colout")
     ty, tx = _target_axes(input.ndim, target, data_format)
     return max(ty, tx) < target.ndim and (target.shape[ty], target.shape[tx]) == (input.shape[ay], input.shape[ax])
 
@@ -112,7 +105,7 @@ def colout_batch(sample, key: jax.Array, p_row: float = 0.15, p_col: float = 0.1
     if input.ndim < 3:
         raise ValueError(f"colout_batch: expected an image (3 dims) or a batch of images (4 dims), {data_format}, "
                          f"got shape {tuple(input.shape)}; flat feature vectors have no rows or columns to drop.")
-    ay, ax = _spatial_axes(input.ndim, data_format)
+    ay, ax = spatial_axes(input.ndim, data_format, "colout")
     h, w = input.shape[ay], input.shape[ax]
     k_row, k_col = jax.random.split(key)
     rows, cols = _kept_indices(k_row, h, p_row), _kept_indices(k_col, w, p_col)
@@ -135,7 +128,7 @@ def ColOut(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_
     _check_resize_target(resize_target)
     if not isinstance(batch, bool):
         raise ValueError(f"ColOut: batch must be True (one draw per batch) or False (per example), got {batch!r}.")
-    _spatial_axes(4, data_format)  # validate now, not at trace time
+    spatial_axes(4, data_format, "colout")  # validate now, not at trace time
 
     def batch_fn(b: dict, ctx: StepCtx) -> dict:
         x, y = b[input_key], b.get(target_key)

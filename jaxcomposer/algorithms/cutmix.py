@@ -46,6 +46,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
@@ -53,14 +54,6 @@ __all__ = ["cutmix_batch", "CutMix", "LAMBDA_KEY", "TARGET_PERM_KEY"]
 
 TARGET_PERM_KEY = "cutmix/target_perm"
 LAMBDA_KEY = "cutmix/lambda"
-
-
-def _spatial_axes(ndim: int, data_format: str) -> tuple[int, int]:
-    if data_format == "NHWC":
-        return ndim - 3, ndim - 2
-    if data_format == "NCHW":
-        return ndim - 2, ndim - 1
-    raise ValueError(f"cutmix: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
 
 
 def _gen_cutmix_coef(key: jax.Array, alpha: float) -> jax.Array:
@@ -136,7 +129,7 @@ def cutmix_batch(input: jax.Array, target: jax.Array, key: jax.Array | None = No
     if input.ndim != 4:
         raise ValueError(f"cutmix_batch: expected a batch of images (4 dims, {data_format}), got shape "
                          f"{tuple(input.shape)}.")
-    ay, ax = _spatial_axes(input.ndim, data_format)
+    ay, ax = spatial_axes(input.ndim, data_format, "cutmix")
     h, w = input.shape[ay], input.shape[ax]
     if key is not None:
         k_lam, k_box, k_perm = jax.random.split(key, 3)
@@ -172,13 +165,13 @@ def CutMix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
     alpha = float(alpha)
     if alpha < 0:
         raise ValueError(f"CutMix: alpha must be >= 0, got {alpha}.")
-    _spatial_axes(4, data_format)  # validate now, not at trace time
+    spatial_axes(4, data_format, "cutmix")  # validate now, not at trace time
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
         x, y = batch[input_key], batch[target_key]
         mixed, target_perm, lam, bbox = cutmix_batch(x, y, ctx.key, alpha=alpha, uniform_sampling=uniform_sampling,
                                                      data_format=data_format)
-        ay, ax = _spatial_axes(x.ndim, data_format)
+        ay, ax = spatial_axes(x.ndim, data_format, "cutmix")
         h, w = x.shape[ay], x.shape[ax]
         seg_axes = _spatial_target_axes(y, h, w, data_format)
         if seg_axes is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["cutout_batch", "CutOut"]
@@ -46,14 +47,6 @@ def _hole_side(h: int, w: int, length) -> int:
     return side
 
 
-def _spatial_axes(ndim: int, data_format: str) -> tuple[int, int]:
-    if data_format == "NHWC":
-        return ndim - 3, ndim - 2
-    if data_format == "NCHW":
-        return ndim - 2, ndim - 1
-    raise ValueError(f"cutout: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
-
-
 def _hole_mask(y, x, h: int, w: int, side: int) -> jax.Array:
     """(H, W) bool mask of Composer's ``_generate_mask`` slice ``[y1:y2, x1:x2]``, from iota comparisons."""
     half = side // 2
@@ -69,7 +62,7 @@ def cutout_batch(input: jax.Array, key: jax.Array, num_holes: int = 1, length: f
     """Composer's ``cutout_batch`` with an explicit ``key``; one image ``(H, W, C)`` or a batch ``(N, H, W, C)``."""
     if input.ndim < 3:
         raise ValueError(f"cutout: expected an image (3 dims) or a batch of images (4 dims), got shape {input.shape}.")
-    ay, ax = _spatial_axes(input.ndim, data_format)
+    ay, ax = spatial_axes(input.ndim, data_format, "cutout")
     h, w = input.shape[ay], input.shape[ax]
     side = _hole_side(h, w, length)
     hole = jnp.zeros((h, w), bool)
@@ -97,7 +90,7 @@ def CutOut(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = Fal
         raise ValueError(f"CutOut: an int length is a side in pixels and must be >= 0, got {length}.")
     if not isinstance(length, int) and not 0.0 <= float(length) <= 1.0:
         raise ValueError(f"CutOut: a float length is a fraction of min(H, W) and must be in [0, 1], got {length}.")
-    _spatial_axes(4, data_format)  # validate now, not at trace time
+    spatial_axes(4, data_format, "cutout")  # validate now, not at trace time
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
         return {**batch, input_key: cutout_batch(batch[input_key], ctx.key, int(num_holes), length,

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomposer.core.method import Method, MethodEntry, PostStep, StepCtx
-from jaxcomposer.core.time import Time, TimeUnit
+from jaxcomposer.core.time import Time, TimeUnit, time_arg
 
 __all__ = ["compute_ema", "EMA"]
 
@@ -74,14 +74,6 @@ def compute_ema(params, ema_params, smoothing: float = 0.99):
     return jax.tree_util.tree_map(leaf, params, ema_params)
 
 
-def _time(x, name: str) -> Time:
-    if isinstance(x, Time):
-        return x
-    if isinstance(x, str):
-        return Time.from_timestring(x)
-    raise ValueError(f"EMA: {name} must be a time string such as '100ba' or '1ep', got {x!r}.")
-
-
 def _select(pred, on_true, on_false):
     """Tree-wise ``where`` on floating leaves; other leaves (counters, keys) always come from ``on_false``."""
     return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b) if _is_float(b) else b, on_true, on_false)
@@ -95,12 +87,12 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
     if half_life is not None and smoothing is not None:
         raise ValueError("EMA: give only one of half_life and smoothing; with smoothing, pass half_life=None "
                          f"(got half_life={half_life!r}, smoothing={smoothing!r}).")
-    half = _time(half_life, "half_life") if half_life is not None else None
-    start = _time(ema_start, "ema_start")
+    half = time_arg(half_life, "EMA: half_life") if half_life is not None else None
+    start = time_arg(ema_start, "EMA: ema_start")
     if update_interval is None:
         interval = Time(1, half.unit if half is not None else TimeUnit.BATCH)
     else:
-        interval = _time(update_interval, "update_interval")
+        interval = time_arg(update_interval, "EMA: update_interval")
     if half is not None and half.unit != interval.unit:
         raise ValueError(f"EMA: units of half_life ({half.unit.value}) and update_interval "
                          f"({interval.unit.value}) must match.")

@@ -55,20 +55,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["resize_batch", "ProgressiveResizing"]
 
 _VALID_MODES = ("crop", "resize")
 _INTERPOLATIONS = ("nearest", "bilinear")
-
-
-def _spatial_axes(data_format: str, where: str) -> tuple[int, int]:
-    if data_format == "NHWC":
-        return 1, 2
-    if data_format == "NCHW":
-        return 2, 3
-    raise ValueError(f"{where}: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
 
 
 def _output_size(n: int, scale_factor: float) -> int:
@@ -132,7 +125,7 @@ def _crop(x: jax.Array, axes: tuple[int, int], starts, sizes: tuple[int, int]) -
 
 def _index_target_axes(target: jax.Array, data_format: str) -> tuple[int, int]:
     # (N, H, W) label maps have their spatial axes at 1, 2 in either layout.
-    return (1, 2) if target.ndim == 3 else _spatial_axes(data_format, "resize_batch")
+    return (1, 2) if target.ndim == 3 else spatial_axes(4, data_format, "resize_batch")
 
 
 def resize_batch(input: jax.Array, target: jax.Array, scale_factor: float, mode: str = "resize",
@@ -149,7 +142,7 @@ def resize_batch(input: jax.Array, target: jax.Array, scale_factor: float, mode:
         raise ValueError(f"resize_batch: mode must be one of {_VALID_MODES}, got {mode!r}.")
     if interpolation not in _INTERPOLATIONS:
         raise ValueError(f"resize_batch: interpolation must be one of {_INTERPOLATIONS}, got {interpolation!r}.")
-    axes = _spatial_axes(data_format, "resize_batch")
+    axes = spatial_axes(4, data_format, "resize_batch")
     if input.ndim != 4:
         raise ValueError(f"resize_batch: input must be a 4-D image batch ({data_format}), got shape {input.shape}. "
                          "Progressive resizing only applies to images.")
@@ -218,7 +211,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
     if interpolation not in _INTERPOLATIONS:
         raise ValueError(f"ProgressiveResizing: interpolation must be one of {_INTERPOLATIONS}, got "
                          f"{interpolation!r}.")
-    axes = _spatial_axes(data_format, "ProgressiveResizing")
+    axes = spatial_axes(4, data_format, "ProgressiveResizing")
     if image_size is not None:
         hw = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(hw) != 2 or any(isinstance(n, bool) or int(n) != n or n < 1 for n in hw):

@@ -70,10 +70,11 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomposer.core.method import Method, MethodEntry, RunInfo, StepCtx
-from jaxcomposer.core.time import Time, TimeUnit
+from jaxcomposer.core.time import Time, TimeUnit, time_arg
 
 __all__ = ["SWA", "SWAState", "swa_tx", "swalr_schedule", "update_swa_average", "find_swa_state"]
 
+_SWA_TIMES = "'0.7dur', '6ep' or '1ba'"
 _NEVER = 2**31 - 1  # an event count no run reaches
 ANNEAL_STRATEGIES = {"linear": "linear", "lin": "linear", "cos": "cos", "cosine": "cos"}
 
@@ -117,14 +118,6 @@ def find_swa_state(opt_state) -> SWAState | None:
     found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, SWAState))
              if isinstance(x, SWAState)]
     return found[0] if found else None
-
-
-def _time(x, name: str) -> Time:
-    if isinstance(x, Time):
-        return x
-    if isinstance(x, str):
-        return Time.from_timestring(x)
-    raise ValueError(f"SWA: {name} must be a time string such as '0.7dur', '6ep' or '1ba', got {x!r}.")
 
 
 def _plan(start: Time, end: Time, interval: Time, run: RunInfo) -> _Plan:
@@ -208,8 +201,8 @@ def SWA(swa_start: str = "0.7dur", swa_end: str = "0.97dur", update_interval: st
         schedule_swa_lr: bool = False, anneal_strategy: str = "linear", anneal_steps: int = 10,
         swa_lr: float | None = None) -> Method:
     """Composer's ``SWA`` as a :class:`Method` (``tx`` slot, plus ``schedule`` when ``schedule_swa_lr``)."""
-    start, end, interval = _time(swa_start, "swa_start"), _time(swa_end, "swa_end"), _time(update_interval,
-                                                                                           "update_interval")
+    start, end, interval = (time_arg(v, f"SWA: {n}", _SWA_TIMES) for v, n in (
+        (swa_start, "swa_start"), (swa_end, "swa_end"), (update_interval, "update_interval")))
     if start.unit != end.unit:
         raise ValueError(f"SWA: swa_start and swa_end must have the same unit, got {start.to_timestring()!r} and "
                          f"{end.to_timestring()!r}.")

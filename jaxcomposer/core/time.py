@@ -262,6 +262,16 @@ class Time:
         return (Time, (self.value, self.unit))
 
 
+def time_arg(value: Any, where: str, examples: str = "'100ba' or '1ep'", error: type = ValueError) -> "Time":
+    """An argument that must be a :class:`Time` or a time string, as a ``Time``; anything else raises ``error``
+    naming ``where`` (``'EMA: half_life'``) and showing ``examples``. A malformed string raises Composer's error."""
+    if isinstance(value, Time):
+        return value
+    if isinstance(value, str):
+        return Time.from_timestring(value)
+    raise error(f"{where} must be a Time or a time string such as {examples}, got {value!r}.")
+
+
 def _td(x: Any, name: str) -> datetime.timedelta:
     if isinstance(x, datetime.timedelta):
         return x

@@ -24,7 +24,7 @@ from typing import Callable, Sequence, Union
 
 import jax.numpy as jnp
 
-from jaxcomposer.core.time import Time, TimeUnit, to_batches
+from jaxcomposer.core.time import Time, TimeUnit, time_arg, to_batches
 
 __all__ = [
     "ComposerScheduler",
@@ -69,10 +69,7 @@ class _Context:
         return int(n * self.ssr) if scale else n
 
 
-def _time(value: TimeLike, name: str) -> Time:
-    if isinstance(value, (Time, str)):
-        return Time.from_input(value)
-    raise TypeError(f"{name} must be a Time or a time string such as '1dur', '8ep' or '100ba', got {value!r}.")
+_EXAMPLES = "'1dur', '8ep' or '100ba'"  # time strings a scheduler's error shows
 
 
 def _float(step) -> jnp.ndarray:
@@ -105,7 +102,7 @@ class ComposerScheduler:
         # Time arguments arrive as strings or Times; parse them once, naming the argument in any error.
         for name in self._TIME_FIELDS:
             if hasattr(self, name):
-                object.__setattr__(self, name, _time(getattr(self, name), name))
+                object.__setattr__(self, name, time_arg(getattr(self, name), name, _EXAMPLES, TypeError))
 
     def schedule(
         self,
@@ -175,7 +172,8 @@ class MultiStepScheduler(ComposerScheduler):
             raise TypeError(
                 f"milestones must be a list of Times or time strings, got the single value {self.milestones!r}."
             )
-        object.__setattr__(self, "milestones", tuple(_time(m, "milestones[i]") for m in self.milestones))
+        object.__setattr__(self, "milestones",
+                           tuple(time_arg(m, "milestones[i]", _EXAMPLES, TypeError) for m in self.milestones))
 
     def _build(self, ctx):
         marks = [ctx.batches(m) for m in self.milestones]
