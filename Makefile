@@ -26,11 +26,13 @@ data:
 demo: $(STAMP) data
 	$(VENV)/bin/jaxcomposer fit configs/quickstart.yaml
 
+# 3 workers on 2 cores: subprocess tests and checkpoint I/O leave a core idle at times; slow tests run first
+# (tests/conftest.py); --dist loadgroup keeps files with module-level caches on one worker.
 test: $(STAMP) data
-	$(VENV)/bin/pytest -n 2 --dist loadgroup -q
+	$(VENV)/bin/pytest -n 3 --dist loadgroup -q
 
 test-fast: $(STAMP) data
-	$(VENV)/bin/pytest -n 2 --dist loadgroup -q -m "not slow"
+	$(VENV)/bin/pytest -n 3 --dist loadgroup -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

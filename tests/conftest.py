@@ -39,6 +39,11 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+def pytest_collection_modifyitems(config, items):
+    # the long tests (marked slow: subprocess runs, notebooks) first, so that no worker ends the run alone on one
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_unconfigure(config):
     if _OWNS_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)

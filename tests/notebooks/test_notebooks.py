@@ -20,6 +20,7 @@ def test_notebook_pairing_is_in_sync(notebook):
     assert code(source["cells"]) == code(stored["cells"]), f"run: jupytext --sync {notebook}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(notebook):
     env = {**os.environ, "JAXCOMPOSER_SMOKE": "1", "MPLBACKEND": "Agg"}

@@ -5,9 +5,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_143_and_autoresume_finishes(tmp_path):
     cfg = {"run_name": "pre", "run_dir": str(tmp_path / "runs"), "max_duration": "400ba", "seed": 0,
            "progress_bar": False, "log_to_console": False, "eval_interval": 0,
