@@ -2,7 +2,7 @@
 
 Composer decays ``p *= 1 - (lr_t / initial_lr) * wd``: the decay follows the LR *schedule* but is not multiplied by
 the LR itself (unlike ``torch.optim.AdamW`` / ``optax.adamw``, whose decay is ``lr_t * wd``). Here the schedule
-multiplier ``alpha_t = lr_t / initial_lr`` is applied by the trainer as a final ``optax.scale_by_schedule(alpha)``,
+multiplier ``alpha_t = lr_t / initial_lr`` is applied by the trainer as a final ``optax.scale(alpha(step))``,
 so these transformations emit, at alpha = 1, the update ``-(lr * direction + wd * p)``. After the trainer's
 scaling the step is ``-alpha_t * (lr * direction + wd * p)``, which is Composer's update exactly.
 """

@@ -2,9 +2,10 @@
 
 Each scheduler keeps Composer's name, arguments and defaults. ``scheduler.schedule(max_batches=...,
 steps_per_epoch=...)`` converts every Time argument to batches once, on the host, and returns
-``alpha(step) -> jnp.float32``: the LR multiplier after ``step`` optimizer steps (Composer evaluates its schedulers
-at ``timestamp.batch``, which is the same count). The returned function is what ``optax.scale_by_schedule(fn)``
-expects, so a trainer applies it as the last link of its ``optax.chain``.
+``alpha(step) -> jnp.float32``: the LR multiplier at the clock ``step``, the batches trained before this one
+(Composer evaluates its schedulers at ``timestamp.batch``, the same count; docs/design.md, "The clock"). The
+Trainer applies ``optax.scale(alpha(ctx.step))`` as the last link of the step's ``optax.chain``; any optax loop can
+use it with ``optax.scale_by_schedule(alpha)``.
 
 Scale schedule ratio (SSR), as Composer's ``_convert_time``: the trainer passes ``max_batches`` already scaled by
 ``ssr``; a ``dur`` argument is a fraction of that scaled length and is not scaled again, while every other argument
