@@ -49,10 +49,12 @@ def test_pair_composes(first, second, key):
     assert set(composed.names) == {first, second}
     if _slots(a) & _slots(b) or a.stage is not None or b.stage is not None:
         run_steps(composed, key)
-    else:  # disjoint slots cannot interact: the composition holds each method's own pieces, none dropped
+    else:  # disjoint slots cannot interact: each slot holds exactly its one owner's piece, in either order
+        flipped = compose([b, a])
         for slot in SLOTS:
-            assert [m.name for m, _ in composed._each(slot)] == [m.name for m in composed.methods
-                                                                 if getattr(m, slot) is not None]
+            owners = {m.name for m in (a, b) if getattr(m, slot) is not None}
+            for c in (composed, flipped):
+                assert [f for _, f in c._each(slot)] == [getattr(m, slot) for m in (a, b) if m.name in owners]
 
 
 def test_mixers_conflict_by_declaration_not_by_name():
