@@ -45,7 +45,6 @@ Tan & Le, "EfficientNet", 2019 (arXiv:1905.11946). Composer: ``composer/algorith
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp

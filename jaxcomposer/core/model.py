@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxcomposer.core import adapters

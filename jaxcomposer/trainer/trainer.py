@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P

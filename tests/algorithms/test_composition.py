@@ -7,7 +7,6 @@ compose into exactly the union of their slots.
 """
 import itertools
 
-import jax
 import pytest
 
 from jaxcomposer.core.method import MethodConflictError, compose
