@@ -1,20 +1,48 @@
-"""``jaxcomposer fit CONFIG [--set key.path=value ...]`` and ``jaxcomposer methods``."""
+"""``jaxcomposer fit CONFIG [--OPTION VALUE ...] [--set key.path=value ...]`` and ``jaxcomposer methods``.
+
+Every config option (``jaxcomposer.options``) is also a flag of ``fit``: ``--max_duration 2ep``,
+``--data.batch_size 64``, ``--optimizer '{name: adam, lr: 0.001}'``. Values are read as YAML, and a flag wins over
+the file, exactly as ``--set max_duration=2ep`` would.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from jaxcomposer.options import CONFIG_COMPONENTS, DATA_OPTIONS, RUN_OPTIONS, Option
 
-def main(argv: list[str] | None = None) -> int:
+
+def _add_option_flags(group: argparse._ArgumentGroup, options: tuple[Option, ...], prefix: str = "") -> None:
+    for o in options:
+        key = prefix + o.name
+        flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+        default = o.default_in_config
+        shown = f" (default: {default!r})" if isinstance(default, (str, int, float)) else ""
+        group.add_argument(*flags, dest=f"option:{key}", metavar="VALUE", default=None,
+                           help=f"{o.doc}{shown}".replace("%", "%%"))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxcomposer", description="Composer's speedup methods in JAX")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_fit = sub.add_parser("fit", help="train from a YAML config")
+    p_fit = sub.add_parser("fit", help="train from a YAML config",
+                           usage="jaxcomposer fit CONFIG [--OPTION VALUE ...] [--set KEY=VALUE ...]",
+                           description="Train from a YAML config (see configs/). Every key of the config is also a "
+                                       "flag below; a flag's value is YAML and wins over the file.")
     p_fit.add_argument("config", help="path to a YAML config (see configs/)")
     p_fit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set optimizer.lr=0.05 (repeatable; values are YAML)")
+                       help="override any config value by its dotted path, e.g. --set optimizer.lr=0.05 "
+                            "(repeatable; values are YAML)")
+    _add_option_flags(p_fit.add_argument_group("run options"), RUN_OPTIONS)
+    _add_option_flags(p_fit.add_argument_group("components (YAML; --set reaches inside them)"), CONFIG_COMPONENTS)
+    _add_option_flags(p_fit.add_argument_group("data"), DATA_OPTIONS, prefix="data.")
     sub.add_parser("methods", help="list every speedup method with a one-line description")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.command == "methods":
         from jaxcomposer.algorithms import describe_methods
@@ -22,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<22} {line}")
         return 0
 
-    from jaxcomposer.config import ConfigError
+    from jaxcomposer.errors import ConfigError, Preempted
     from jaxcomposer.runner import fit
-    from jaxcomposer.trainer.trainer import Preempted
+    flags = [f"{dest.removeprefix('option:')}={value}" for dest, value in vars(args).items()
+             if dest.startswith("option:") and value is not None]
     try:
-        result = fit(args.config, args.overrides)
+        result = fit(args.config, flags + args.overrides)
     except ConfigError as e:
         print(f"jaxcomposer: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""The config schema and loader behind ``jaxcomposer.fit(config)`` and ``jaxcomposer fit CONFIG``.
+"""The config loader behind ``jaxcomposer.fit(config)`` and ``jaxcomposer fit CONFIG``; the schema, ``Config``, is
+built from the option table in :mod:`jaxcomposer.options`.
 
 A config is a YAML path, a mapping, or a :class:`Config`. Validation reports *every* bad key and value at once, each
 with its dotted path and, for misspelt names, a "did you mean"; it runs before any compile and before any file is
@@ -11,7 +12,7 @@ import difflib
 import inspect
 import re
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 import optax
 import pydantic
@@ -21,10 +22,8 @@ from jaxcomposer import algorithms as algorithms_lib
 from jaxcomposer import callbacks as callbacks_lib
 from jaxcomposer import models as models_lib
 from jaxcomposer import optim
-from jaxcomposer.core.time import Time
 from jaxcomposer.errors import ConfigError
-
-
+from jaxcomposer.options import DATA_OPTIONS, Config, DataConfig, describe_errors  # noqa: F401 (re-exported)
 
 
 def snake(name: str) -> str:
@@ -64,65 +63,6 @@ def lookup(registry: Mapping[str, Callable], name: Any) -> str | None:
 
 
 MODELS = tuple(models_lib.BUILDERS)
-DATASETS = ("fashion_mnist", "digits", "stdlib_text")
-
-
-def _time(value: Any) -> str | int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"expected a time string such as '10ep' or '500ba', got {value!r}")
-    if isinstance(value, int):
-        return value
-    Time.from_timestring(str(value))  # raises ValueError/TypeError with Composer's rules
-    return str(value)
-
-
-TimeField = Annotated[Any, pydantic.BeforeValidator(_time)]
-_Strict = pydantic.ConfigDict(extra="forbid")
-
-
-class DataConfig(pydantic.BaseModel):
-    model_config = _Strict
-    name: Literal["fashion_mnist", "digits", "stdlib_text"] = "fashion_mnist"
-    batch_size: pydantic.PositiveInt = 128
-    eval_batch_size: pydantic.PositiveInt = 1000
-    data_dir: str | None = None
-    seq_len: pydantic.PositiveInt = 128
-    max_bytes: pydantic.PositiveInt | None = None
-
-
-class Config(pydantic.BaseModel):
-    """The whole run. Field names follow Composer's Trainer arguments."""
-
-    model_config = _Strict
-    run_name: str | None = None
-    run_dir: str = "runs"
-    seed: int = 17
-    max_duration: TimeField = None
-    precision: Literal["fp32", "amp_bf16"] = "fp32"
-    device_train_microbatch_size: pydantic.PositiveInt | None = None
-    eval_interval: TimeField = 1
-    scale_schedule_ratio: pydantic.PositiveFloat = 1.0
-    train_subset_num_batches: int = -1
-    eval_subset_num_batches: int = -1
-    progress_bar: bool = True
-    log_to_console: bool = True
-    save_folder: str | None = None
-    save_interval: TimeField = "1ep"
-    save_num_checkpoints_to_keep: int = -1
-    save_overwrite: bool = False
-    save_weights_only: bool = False
-    autoresume: bool = False
-    load_path: str | None = None
-    load_weights_only: bool = False
-    load_ignore_keys: list[str] = []
-    model: dict[str, Any] = {"name": "resnet_cifar"}
-    data: DataConfig = DataConfig()
-    optimizer: dict[str, Any] = {"name": "decoupled_sgdw", "lr": 0.1}
-    schedulers: list[dict[str, Any]] = []
-    algorithms: dict[str, dict[str, Any] | None] = {}
-    callbacks: dict[str, dict[str, Any] | None] = {}
 
 
 def load_config(config: Any, overrides: list[str] | None = None) -> Config:
@@ -151,7 +91,7 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
     try:
         cfg = Config.model_validate(raw)
     except pydantic.ValidationError as e:
-        problems += [_describe(err, raw) for err in e.errors()]
+        problems += [_with_suggestion(loc, msg) for loc, msg in describe_errors(e)]
     if isinstance(raw, Mapping):
         problems += _check_components(raw)
     load_path = raw.get("load_path") if isinstance(raw, Mapping) else None
@@ -166,15 +106,12 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
-def _describe(err: dict, raw: Mapping) -> tuple[str, str]:
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        parent_fields = _fields_at(err["loc"][:-1])
-        hint = _did_you_mean(str(err["loc"][-1]), parent_fields)
-        return loc, f"unknown key{hint}"
-    value = err.get("input")
-    msg = err["msg"].removeprefix("Value error, ")
-    return loc, f"{msg} (got {value!r})" if not isinstance(value, (dict, list)) else msg
+def _with_suggestion(loc: str, msg: str) -> tuple[str, str]:
+    """An unknown key gets a "did you mean" from the keys allowed where it sits."""
+    if msg != "Extra inputs are not permitted":
+        return loc, msg
+    *parent, name = loc.split(".")
+    return loc, f"unknown key{_did_you_mean(name, _fields_at(tuple(parent)))}"
 
 
 def _fields_at(loc: tuple) -> list[str]:
@@ -216,9 +153,9 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
             problems += _check_kwargs("model", models_lib.BUILDERS[name], {k: v for k, v in model.items() if k != "name"},
                                       build=False)
             data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}
-            is_text = data.get("name", DataConfig().name) == "stdlib_text"
-            if (name == "gpt") != is_text:
-                problems.append(("model.name", f"{name!r} does not fit data.name {data.get('name', DataConfig().name)!r}: "
+            dataset = data.get("name", DATA_OPTIONS[0].default)
+            if (name == "gpt") != (dataset == "stdlib_text"):
+                problems.append(("model.name", f"{name!r} does not fit data.name {dataset!r}: "
                                                "'gpt' trains on 'stdlib_text'; image classifiers on 'fashion_mnist' "
                                                "or 'digits'"))
     return problems

@@ -17,6 +17,7 @@ from jaxcomposer.data.datasets import (DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_ME
                                        normalize_images)
 from jaxcomposer.models import GPT, MLP, ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.options import RUN_OPTIONS
 from jaxcomposer.trainer.trainer import Trainer
 
 _NORMALIZATION = {"fashion_mnist": (FASHION_MNIST_MEAN, FASHION_MNIST_STD), "digits": (DIGITS_MEAN, DIGITS_STD)}
@@ -82,17 +83,10 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                                              config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()]
     callbacks = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
                  for n, kw in cfg.callbacks.items()]
-    trainer = Trainer(model=task, train_dataloader=train, eval_dataloader=evals, max_duration=cfg.max_duration,
-                      optimizers=optimizer, schedulers=schedulers, scale_schedule_ratio=cfg.scale_schedule_ratio,
-                      algorithms=algorithms, callbacks=callbacks, eval_interval=cfg.eval_interval, seed=cfg.seed,
-                      precision=cfg.precision, device_train_microbatch_size=cfg.device_train_microbatch_size,
-                      run_name=run_name, run_dir=run_dir, progress_bar=cfg.progress_bar,
-                      log_to_console=cfg.log_to_console, train_subset_num_batches=cfg.train_subset_num_batches,
-                      eval_subset_num_batches=cfg.eval_subset_num_batches, save_folder=cfg.save_folder,
-                      save_interval=cfg.save_interval, save_num_checkpoints_to_keep=cfg.save_num_checkpoints_to_keep,
-                      save_overwrite=cfg.save_overwrite, save_weights_only=cfg.save_weights_only,
-                      autoresume=cfg.autoresume, load_path=cfg.load_path, load_weights_only=cfg.load_weights_only,
-                      load_ignore_keys=cfg.load_ignore_keys)
+    run_options = {o.name: getattr(cfg, o.name) for o in RUN_OPTIONS}  # the config holds every one of them
+    trainer = Trainer(**{**run_options, "run_name": run_name, "run_dir": run_dir}, model=task, train_dataloader=train,
+                      eval_dataloader=evals, optimizers=optimizer, schedulers=schedulers, algorithms=algorithms,
+                      callbacks=callbacks)
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
     start = time.perf_counter()

@@ -18,7 +18,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
 from jaxcomposer.core.state import TrainState
 
-PRECISIONS = ("fp32", "amp_bf16")
 _FORWARD_KEY = 0x5EED  # fold-in tag for the model's own randomness (dropout), distinct from method keys
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import random
 import signal
 import threading
@@ -25,6 +26,7 @@ from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
+from jaxcomposer import options
 from jaxcomposer.errors import ConfigurationError, Preempted
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
@@ -55,50 +57,9 @@ def _batch_size(batch: dict) -> int:
 class Trainer(ReadsPlan):
     """Composer's ``Trainer``: the same keyword names, around one jitted pure step (docs/design.md).
 
-    Every argument is validated in ``__init__``, before anything is compiled or written; a bad one raises
-    :class:`~jaxcomposer.errors.ConfigurationError` naming it.
-
-    Args:
-        model: a task (:class:`~jaxcomposer.models.ComposerClassifier`, :class:`~jaxcomposer.models.ComposerCausalLM`
-            or your own :class:`~jaxcomposer.core.model.Task`) around a Flax NNX module, or a bare torch
-            ``nn.Module`` (a classifier, converted by ``torch_bridge`` from the first batch).
-        train_dataloader: an iterable of dict batches or ``(input, target)`` pairs (numpy, jax or torch arrays);
-            a torch ``DataLoader`` is wrapped. Loaders with ``set_state``/``set_epoch`` resume exactly.
-        eval_dataloader: batches for :meth:`eval`, padded and masked so every example counts once.
-        max_duration: how long to train: ``'10ep'``, ``'500ba'``, ``'60000sp'``, ``'1e6tok'``, or an int of
-            epochs. Required for :meth:`fit` unless ``fit(duration=...)`` is given.
-        optimizers: an optax ``GradientTransformation`` (``DecoupledSGDW``/``DecoupledAdamW`` from
-            :mod:`jaxcomposer.optim`, or any optax one), or a one-element list of it; default
-            ``DecoupledSGDW(lr=0.1)``, as Composer.
-        schedulers: Composer schedulers (:mod:`jaxcomposer.optim`), one or a list; their multipliers compose.
-        scale_schedule_ratio: scales ``max_duration`` and the schedules (Composer's SSR); needs ``schedulers``.
-        algorithms: speedup methods (:mod:`jaxcomposer.algorithms`), composed in one step; conflicts raise.
-        callbacks: host callbacks (:mod:`jaxcomposer.callbacks`) run at Composer's events.
-        loggers: logger destinations (:mod:`jaxcomposer.loggers`).
-        eval_interval: evaluate every N epochs (int or ``'Nep'``) or batches (``'Nba'``); 0 disables. Default 1.
-        eval_subset_num_batches: evaluate on at most this many batches (-1: all).
-        train_subset_num_batches: train on at most this many batches per epoch (-1: all).
-        seed: the run's seed (random if None); every random draw derives from it and the step.
-        precision: ``'fp32'`` (default) or ``'amp_bf16'`` (fp32 master weights, bf16 compute).
-        device_train_microbatch_size: gradient accumulation: microbatches of this size (must divide the batch
-            and be a multiple of the device count); the update equals the full-batch one.
-        run_name: names the run (and, with ``autoresume``, recognises a relaunch of it).
-        run_dir: where ``metrics.jsonl``, TensorBoard events and ``metrics.png`` go (none if None).
-        progress_bar: show a progress bar with loss, throughput and ETA (default True).
-        log_to_console: also print metrics as lines (default False).
-        load_path: a checkpoint directory, or a ``save_folder`` (its newest good step), to start from.
-        save_folder: where periodic checkpoints go (orbax; atomic, async, checksummed).
-        save_interval: ``'1ep'`` (default), ``'Nba'``, or a ``(state, event) -> bool``.
-        save_num_checkpoints_to_keep: keep the newest N (-1: all).
-        save_overwrite: replace an earlier run's checkpoints in ``save_folder`` (deleted at the first save).
-        save_weights_only: save params and model state only (such a checkpoint cannot continue a run).
-        load_weights_only: from ``load_path`` restore params and model state only; training starts at batch 0.
-        load_ignore_keys: globs on dotted paths (``'params.head.*'``) kept freshly initialised on load.
-        autoresume: continue from the newest good checkpoint in ``save_folder`` (needs ``run_name``).
-        nonfinite: ``'raise'`` (default) stops at the first NaN/inf loss or gradient; ``'skip'`` skips such steps
-            (their update is never applied; the clock still advances). Ours; Composer has no such policy.
-        nonfinite_max_skips: with ``'skip'``, raise after this many skipped steps in a row (default 10).
-        devices: the devices of the data-parallel mesh (default: all).
+    Every argument is validated in ``__init__``, before anything is compiled or written; bad ones raise
+    :class:`~jaxcomposer.errors.ConfigurationError` naming each. The arguments are declared, with their types,
+    defaults and documentation, in :mod:`jaxcomposer.options`; ``help(Trainer)`` lists them below.
     """
 
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
@@ -114,9 +75,10 @@ class Trainer(ReadsPlan):
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
                  save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
                  save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
-                 load_ignore_keys: Sequence[str] | None = None, autoresume: bool = False, nonfinite: str = "raise",
+                 load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
+        a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
         if adapters.is_foreign_model(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
             model = ComposerClassifier(model)
@@ -126,49 +88,38 @@ class Trainer(ReadsPlan):
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
         train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         eval_dataloader = _as_loader(eval_dataloader, "eval_dataloader")
-        self.precision = precision or "fp32"
-        if self.precision not in steps.PRECISIONS:
-            raise ConfigurationError(f"precision: got {precision!r}, expected one of {steps.PRECISIONS}")
-        if scale_schedule_ratio <= 0:
-            raise ConfigurationError(f"scale_schedule_ratio: got {scale_schedule_ratio}, expected > 0")
+        self.precision = a.precision or "fp32"
         schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
             else [schedulers]
-        if scale_schedule_ratio != 1.0 and not schedulers:
+        if a.scale_schedule_ratio != 1.0 and not schedulers:
             raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
                                      "(as in Composer), so pass schedulers=... too.")
-        max_duration = None if max_duration is None else _scale(_parse_max_duration(max_duration),
-                                                                 scale_schedule_ratio)
-        self.eval_interval = self._parse_eval_interval(eval_interval)
-        if device_train_microbatch_size is not None and device_train_microbatch_size <= 0:
-            raise ConfigurationError(f"device_train_microbatch_size: got {device_train_microbatch_size}, expected a "
-                                     "positive int that divides the batch size")
+        max_duration = None if a.max_duration is None else \
+            _scale(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
+        self.eval_interval = options.parse_interval(a.eval_interval, "eval_interval")
         self.composed = compose(algorithms)  # raises on method conflicts
-        self.seed = int(seed) if seed is not None else random.randrange(2**31)
-        self.run_name = run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
-        self.run_dir = Path(run_dir).absolute() if run_dir is not None else None
+        self.seed = a.seed if a.seed is not None else random.randrange(2**31)
+        self.run_name = a.run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
+        self.run_dir = Path(a.run_dir).absolute() if a.run_dir is not None else None
         self.mesh = steps.make_mesh(devices)
         self.num_devices = self.mesh.devices.size
 
-        if nonfinite not in ("raise", "skip"):
-            raise ConfigurationError(f"nonfinite: got {nonfinite!r}, expected 'raise' (stop at the first NaN/inf loss "
-                                     "or gradient) or 'skip' (skip such steps, at most nonfinite_max_skips in a row)")
-        if nonfinite_max_skips < 0:
-            raise ConfigurationError(f"nonfinite_max_skips: got {nonfinite_max_skips}, expected >= 0")
-        self.nonfinite, self.nonfinite_max_skips = nonfinite, nonfinite_max_skips
+        self.nonfinite, self.nonfinite_max_skips = a.nonfinite, a.nonfinite_max_skips
         self._pending_check, self._skips_in_a_row = None, 0
-        self.save_interval = save_interval if callable(save_interval) else \
-            self._parse_interval(save_interval, "save_interval")
-        self.store, resume_step = self._checkpoint_store(save_folder, save_num_checkpoints_to_keep, save_overwrite,
-                                                         save_weights_only, autoresume, run_name)
-        load_ignore_keys = [load_ignore_keys] if isinstance(load_ignore_keys, str) else list(load_ignore_keys or [])
-        if load_ignore_keys and load_path is None:
-            raise ConfigurationError(f"load_ignore_keys: {load_ignore_keys} given without load_path")
-        load_dir = None if load_path is None or resume_step is not None else checkpoint.resolve_load_path(load_path)
+        self.save_interval = a.save_interval if callable(a.save_interval) else \
+            options.parse_interval(a.save_interval, "save_interval")
+        self.store, resume_step = self._checkpoint_store(a.save_folder, a.save_num_checkpoints_to_keep,
+                                                         a.save_overwrite, a.save_weights_only, a.autoresume,
+                                                         a.run_name)
+        if a.load_ignore_keys and a.load_path is None:
+            raise ConfigurationError(f"load_ignore_keys: {a.load_ignore_keys} given without load_path")
+        load_dir = None if a.load_path is None or resume_step is not None else \
+            checkpoint.resolve_load_path(a.load_path)
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
-        self.train_subset_num_batches = train_subset_num_batches
-        self.eval_subset_num_batches = eval_subset_num_batches
-        self.microbatch_size = device_train_microbatch_size
-        self.scale_schedule_ratio = scale_schedule_ratio
+        self.train_subset_num_batches = a.train_subset_num_batches
+        self.eval_subset_num_batches = a.eval_subset_num_batches
+        self.microbatch_size = a.device_train_microbatch_size
+        self.scale_schedule_ratio = a.scale_schedule_ratio
 
         if isinstance(optimizers, (list, tuple)) and not hasattr(optimizers, "update"):  # Composer: [opt]
             if len(optimizers) != 1:
@@ -188,9 +139,9 @@ class Trainer(ReadsPlan):
 
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
-        if progress_bar:
+        if a.progress_bar:
             loggers.append(ProgressBarLogger())
-        if log_to_console:
+        if a.log_to_console:
             loggers.append(ConsoleLogger())
         if self.run_dir is not None:  # file loggers create the directory at their first write, not now
             loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
@@ -204,8 +155,8 @@ class Trainer(ReadsPlan):
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
         elif load_dir is not None:
-            state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=load_weights_only,
-                                                     ignore_keys=load_ignore_keys, label=f"load_path {load_dir}")
+            state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,
+                                                     ignore_keys=a.load_ignore_keys, label=f"load_path {load_dir}")
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
@@ -244,7 +195,7 @@ class Trainer(ReadsPlan):
         if train_dataloader is not None:
             self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         if duration is not None:
-            d = _parse_duration(duration, "duration")
+            d = options.parse_duration(duration, "duration")
             self._replan(Time(self.state.timestamp.get(d.unit).value + d.value, d.unit))
         elif train_dataloader is not None:
             self._replan(self.max_duration)
@@ -555,22 +506,6 @@ class Trainer(ReadsPlan):
         except ValueError as e:
             raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
 
-    def _parse_eval_interval(self, value) -> Time | None:
-        return self._parse_interval(value, "eval_interval")
-
-    @staticmethod
-    def _parse_interval(value, name: str) -> Time | None:
-        if value in (0, "0", None):
-            return None
-        try:
-            iv = Time.from_input(value, TimeUnit.EPOCH)
-        except (TypeError, ValueError) as e:
-            raise ConfigurationError(f"{name}: {e}") from e
-        if iv.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or iv.value <= 0:
-            raise ConfigurationError(f"{name}: got {value!r}, expected a positive number of epochs or batches "
-                                     "such as '1ep' or '500ba' (0 disables it)")
-        return iv
-
 
 class _PreemptionGuard:
     """Turns SIGTERM/SIGINT into a flag checked between steps, so a step is never cut in half. orbax only catches
@@ -601,21 +536,6 @@ def _as_loader(loader, name: str):
     adapter = adapters.adapter_for(loader)
     converted = None if adapter is None or adapter.to_loader is None else adapter.to_loader(loader, name)
     return loader if converted is None else converted
-
-
-def _parse_duration(value, name: str) -> Time:
-    try:
-        t = Time.from_input(value, TimeUnit.EPOCH)
-    except (TypeError, ValueError) as e:
-        raise ConfigurationError(f"{name}: {e}") from e
-    if t.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN) or t.value <= 0:
-        raise ConfigurationError(f"{name}: got {value!r}, expected a positive duration in ep, ba, sp or tok "
-                                 "such as '10ep' or '500ba'")
-    return t
-
-
-def _parse_max_duration(value) -> Time:
-    return _parse_duration(value, "max_duration")
 
 
 def _scale(t: Time, ssr: float) -> Time:
@@ -649,3 +569,8 @@ def _pad(batch: dict, size: int):
     if n == size:
         return batch, mask
     return {k: np.concatenate([np.asarray(v), np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}, mask
+
+
+if Trainer.__doc__:  # the Args section, from the option table, in the signature's order
+    Trainer.__doc__ += options.args_doc(tuple(options.TRAINER_OPTIONS[name] for name in
+                                              inspect.signature(Trainer.__init__).parameters if name != "self"))

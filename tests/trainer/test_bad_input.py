@@ -105,7 +105,7 @@ TRAINER_CASES = [
     ("precision", {"precision": "fp8"}, ["precision", "'fp8'", "fp32"]),
     ("save_interval", {"save_interval": "2 epochs"}, ["save_interval", "2 epochs"]),
     ("eval_interval", {"eval_interval": "-1ba"}, ["eval_interval", "'-1ba'", "positive"]),
-    ("microbatch", {"device_train_microbatch_size": 0}, ["device_train_microbatch_size", "0", "positive"]),
+    ("microbatch", {"device_train_microbatch_size": 0}, ["device_train_microbatch_size", "0", "greater than 0"]),
     ("keep", {"save_num_checkpoints_to_keep": 0}, ["save_num_checkpoints_to_keep", "0", "-1 (keep all) or >= 1"]),
     ("nonfinite", {"nonfinite": "ignore"}, ["nonfinite", "'ignore'", "'skip'"]),
     ("load_path", {"load_path": "missing-dir"}, ["load_path", "'missing-dir' does not exist"]),
