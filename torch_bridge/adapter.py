@@ -35,7 +35,7 @@ def _to_loader(loader, name: str):
 
 def _blurpool(module: torch.nn.Module, *, replace_convs: bool, replace_maxpools: bool, blur_first: bool,
               min_channels: int):
-    """BlurPool on a torch module: ``(new module, blur max-pools in it, blur convs in it)``."""
+    """BlurPool on a torch module, in place as Composer's: ``(the module, blur max-pools in it, blur convs in it)``."""
     new, _ = apply_blurpool_torch(module, replace_convs=replace_convs, replace_maxpools=replace_maxpools,
                                   blur_first=blur_first, min_channels=min_channels)
     return new, count_module_instances(new, BlurMaxPool2d), count_module_instances(new, BlurConv2d)

@@ -153,7 +153,7 @@ class BridgedModel:
             args = inputs if isinstance(inputs, tuple) else (inputs,)
             return self.apply(params, state, key, *args, train=train)
 
-        return PureModel(apply=apply, params=self.params, state=self.buffers, bridged=self)
+        return PureModel(apply=apply, params=self.params, state=self.buffers, bridged=self, write_back=self.to_torch)
 
 
 def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False) -> BridgedModel:

@@ -3,13 +3,14 @@
 ``replace_module_classes`` follows Composer's ``composer/utils/module_surgery.py``: policies map a module class to
 ``(module, module_index) -> replacement | None``; children are visited breadth-first from the root in
 ``named_children`` order, each distinct module once (a module shared by several parents is replaced in all of
-them), ``module_index`` counts the instances of the policy's class seen so far. Two differences, both because the
-optimizer here is built (``tx.init``) only after the model slot ran:
+them), ``module_index`` counts the instances of the policy's class seen so far. It edits the module in place, as
+Composer's does (``inplace=False`` works on a deep copy instead). Two differences:
 
-- it works on a **deep copy** and returns ``(new_module, replaced)``; the input module is never touched;
-- there is no ``optimizers`` argument (nothing to re-point).
+- it returns ``(module, replaced)`` rather than ``replaced`` alone, so copy and in-place calls read the same;
+- there is no ``optimizers`` argument: the optimizer here is built (``tx.init``) only after the model slot ran, so
+  there is nothing to re-point.
 
-``replaced`` maps each module of the *input* model that was replaced to its replacement in the new model (with
+``replaced`` maps each module of the *input* model that was replaced to its replacement (with
 ``recurse_on_replacements``, intermediate replacements appear as keys too, as in Composer).
 
 BlurPool's torch layers (Zhang 2019, Composer's ``blurpool_layers.py``) live here too, so a torch-sourced task can
@@ -53,9 +54,10 @@ def _infer_device(module: nn.Module):
 
 
 def replace_module_classes(module: nn.Module, policies: Mapping[type, ReplacementFunction], *,
-                           recurse_on_replacements: bool = False, indices: Optional[dict] = None
-                           ) -> tuple[nn.Module, dict[nn.Module, nn.Module]]:
-    """Composer's ``replace_module_classes`` on a deep copy of ``module``: returns ``(new_module, replaced)``.
+                           recurse_on_replacements: bool = False, indices: Optional[dict] = None,
+                           inplace: bool = True) -> tuple[nn.Module, dict[nn.Module, nn.Module]]:
+    """Composer's ``replace_module_classes``: edits ``module`` in place (or, with ``inplace=False``, a deep copy)
+    and returns ``(module or the copy, replaced)``, ``replaced`` mapping each original module to its replacement.
 
     Policies are tried in the mapping's order; a policy returning ``None`` keeps the module. Weights are not copied
     unless the policy copies them. The root module itself is never replaced (as in Composer), only its descendants.
@@ -64,7 +66,7 @@ def replace_module_classes(module: nn.Module, policies: Mapping[type, Replacemen
         raise TypeError("replace_module_classes: do surgery on the underlying module (ddp.module), not on a "
                         "DistributedDataParallel wrapper.")
     memo: dict[int, Any] = {}
-    new_module = copy.deepcopy(module, memo)
+    new_module = module if inplace else copy.deepcopy(module, memo)
     copy_to_orig = {id(memo[id(m)]): m for m in module.modules() if id(m) in memo}
 
     replaced_copies: dict[nn.Module, nn.Module] = {}
@@ -228,9 +230,10 @@ def _maybe_replace_strided_conv2d(module: nn.Conv2d, module_index: int, *, blur_
 
 
 def apply_blurpool_torch(model: nn.Module, replace_convs: bool = True, replace_maxpools: bool = True,
-                         blur_first: bool = True, min_channels: int = 16
+                         blur_first: bool = True, min_channels: int = 16, *, inplace: bool = True
                          ) -> tuple[nn.Module, dict[nn.Module, nn.Module]]:
-    """BlurPool surgery on a copy of a torch module: ``(new_model, replaced)``; ``model`` is left as it was.
+    """BlurPool surgery on a torch module, in place as Composer's (or on a copy with ``inplace=False``):
+    ``(model or the copy, replaced)``.
 
     ``MaxPool2d`` -> :class:`BlurMaxPool2d`; ``Conv2d`` with a stride > 1 and ``in_channels >= min_channels`` ->
     :class:`BlurConv2d` (weights copied). Exact subclasses count too (``isinstance``, as in Composer).
@@ -241,4 +244,4 @@ def apply_blurpool_torch(model: nn.Module, replace_convs: bool = True, replace_m
     if replace_convs:
         policies[nn.Conv2d] = lambda m, i: _maybe_replace_strided_conv2d(m, i, blur_first=blur_first,
                                                                          min_channels=min_channels)
-    return replace_module_classes(model, policies)
+    return replace_module_classes(model, policies, inplace=inplace)

@@ -23,8 +23,10 @@ min_channels`` selects convs (1x1 projection shortcuts with stride 2 included); 
 ``blur_2d`` zero-pads by ``k // 2`` (not reflect). One deliberate difference on NNX models: convs already inside a
 ``BlurConv`` are skipped, so applying BlurPool twice does not blur twice (Composer's torch surgery, kept as is in
 :mod:`torch_bridge.surgery`, would wrap the inner strided conv again). The torch layers and Composer's
-``replace_module_classes`` are in :mod:`torch_bridge.surgery`. Unlike Composer, surgery never edits the model in
-place: it returns a new model (there is no optimizer to re-point: ``tx.init`` runs after the ``model`` slot).
+``replace_module_classes`` are in :mod:`torch_bridge.surgery`. As in Composer, the method edits the model in place
+(torch and NNX alike), so the module the user passed is the trained one; the functional ``apply_blurpool`` edits a
+torch module in place but returns a new NNX module unless ``inplace=True``. There is no optimizer to re-point:
+``tx.init`` runs after the ``model`` slot.
 
 **How it plugs in.** ``model`` slot, ``model(task, ctx) -> task`` (host, once, before the optimizer is built; it
 reads nothing from the ctx; docs/design.md, "Methods and slots"). A torch-sourced task is surgered on its
@@ -133,12 +135,14 @@ def _set_child(parent: Any, key: Any, value: Any) -> None:
         parent[key] = value
 
 
-def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool, min_channels: int):
-    """Clone ``model`` and swap its eligible convs for :class:`BlurConv`; ``(new_model, n_replaced)``.
+def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool, min_channels: int,
+                        inplace: bool = False):
+    """Swap the eligible convs of ``model`` (``inplace``) or of a clone of it for :class:`BlurConv`;
+    ``(model or the clone, n_replaced)``.
 
     Convs already inside a :class:`BlurConv` are left alone, so applying BlurPool twice does not blur twice.
     """
-    new = nnx.clone(model)
+    new = model if inplace else nnx.clone(model)
     if not replace_convs:
         return new, 0
     # Every (parent, key) reference of each conv, in a depth-first walk: a conv shared by two parents is replaced
@@ -164,9 +168,10 @@ def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool
     return new, len(refs)
 
 
-def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int):
+def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int,
+           nnx_inplace: bool):
     if isinstance(model, nnx.Module):
-        new, _ = _apply_blurpool_nnx(model, replace_convs, blur_first, min_channels)
+        new, _ = _apply_blurpool_nnx(model, replace_convs, blur_first, min_channels, inplace=nnx_inplace)
         # As Composer, count the blur layers in the result (a model blurred before does not warn again).
         return new, 0, sum(isinstance(m, BlurConv) for _, m in nnx.iter_graph(new))
     foreign = adapters.surgery("BlurPool", model)  # torch_bridge registers the torch layers under this name
@@ -177,12 +182,16 @@ def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: 
 
 
 def apply_blurpool(model: Any, replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True,
-                   min_channels: int = 16):
-    """Composer's ``apply_blurpool`` returning a NEW model (``model`` is left untouched); torch or Flax NNX.
+                   min_channels: int = 16, *, inplace: bool | None = None):
+    """Composer's ``apply_blurpool(model, replace_convs, replace_maxpools, blur_first, min_channels)``.
 
+    A torch module is edited in place and returned, as Composer does. A Flax NNX module is cloned and the new
+    model returned (``model`` is left as it was), as equinox-style surgery does; ``inplace=True`` edits it in place
+    instead (what the ``BlurPool`` method does in the Trainer, so the module the user passed is the trained one).
     Warns with :class:`NoEffectWarning` when no layer was replaced.
     """
-    new, n_pool, n_conv = _apply(model, replace_convs, replace_maxpools, blur_first, int(min_channels))
+    new, n_pool, n_conv = _apply(model, replace_convs, replace_maxpools, blur_first, int(min_channels),
+                                 nnx_inplace=bool(inplace))
     if n_pool == 0 and n_conv == 0:
         warnings.warn(NoEffectWarning(
             f"BlurPool did not change any layers of {type(model).__name__}: no strided Conv2d with in_channels >= "
@@ -200,9 +209,9 @@ def BlurPool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
         warnings.warn(NoEffectWarning("BlurPool: replace_convs and replace_maxpools are both False; BlurPool will "
                                       "not modify the model."), stacklevel=2)
 
-    def model_fn(task, ctx):
+    def model_fn(task, ctx):  # in place, as Composer: the module the user passed becomes the trained, blurred one
         new = apply_blurpool(task.source, replace_convs=replace_convs, replace_maxpools=replace_maxpools,
-                             blur_first=blur_first, min_channels=int(min_channels))
+                             blur_first=blur_first, min_channels=int(min_channels), inplace=True)
         return task.with_model(new)
 
     return Method(name="BlurPool", model=model_fn,

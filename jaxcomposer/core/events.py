@@ -65,6 +65,8 @@ class ReadsPlan:
 class RunState(ReadsPlan):
     """What a host callback sees. The trainer owns and advances it; callbacks read it and may ask to stop.
 
+    ``model`` is the module being trained, the object the user passed (after in-place surgery): the Trainer writes
+    the current weights into it at the end of ``fit``, and before ``eval``, ``predict`` and ``save_checkpoint``.
     ``train_state`` is the live device pytree (read it, do not keep references across steps: its buffers are
     donated to the next step). ``batch_metrics`` holds this batch's step outputs (device scalars; ``float()``
     them only when needed, since that waits for the step). ``eval_metrics[label]`` holds the latest evaluation.
@@ -75,6 +77,7 @@ class RunState(ReadsPlan):
     plan: RunPlan
     timestamp: Timestamp
     train_state: Any = None
+    model: Any = None
     batch_metrics: dict = dataclasses.field(default_factory=dict)
     eval_metrics: dict = dataclasses.field(default_factory=dict)
     batch_size: int = 0

@@ -27,14 +27,25 @@ ApplyFn = Callable[..., tuple[Any, Any]]
 class PureModel:
     """``apply(params, state, inputs, *, train, key) -> (outputs, new_state)`` plus the initial trees.
 
-    ``bridged`` is the ``torch_bridge.BridgedModel`` a pure model came from (None for native models): it is how
-    trained weights go back to torch, ``task.pure.bridged.to_torch(params, state)``.
+    ``bridged`` is the ``torch_bridge.BridgedModel`` a pure model came from (None for native models).
+    ``write_back(params, state) -> module`` puts weights into the user's module object, in place, and returns it:
+    the Trainer calls it so that the module a user passed holds the trained weights, as in Composer (None: the
+    model has no such object).
     """
 
     apply: ApplyFn
     params: Any
     state: Any
     bridged: Any = None
+    write_back: Callable[[Any, Any], Any] | None = None
+
+
+def own_copy(tree):
+    """Fresh single-device copies of a tree's arrays: the Trainer donates its state's buffers to the next step, so
+    a module the user keeps must never share them."""
+    device = jax.devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(x, device, may_alias=False) if isinstance(x, jax.Array) else x,
+                        tree)
 
 
 def from_nnx(module: nnx.Module) -> PureModel:
@@ -52,7 +63,11 @@ def from_nnx(module: nnx.Module) -> PureModel:
         _, _, new_state = nnx.split(live, nnx.Param, ...)
         return outputs, new_state
 
-    return PureModel(apply=apply, params=params, state=state)
+    def write_back(params, state) -> nnx.Module:
+        nnx.update(module, own_copy(params), own_copy(state))
+        return module
+
+    return PureModel(apply=apply, params=params, state=state, write_back=write_back)
 
 
 def to_pure_model(model: Any, example_inputs: Any = None) -> PureModel:

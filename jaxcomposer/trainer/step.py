@@ -204,7 +204,9 @@ def init_train_state(task, build_tx: Callable, composed: Composed, run: RunInfo,
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
                        opt_state=build_tx(ctx).init(params), extras=composed.init_extras(params, model_state, ctx),
                        key=key)
-    return jax.device_put(state, NamedSharding(mesh, P()))
+    # may_alias=False: the state's buffers are donated to the first step, so they must not be the model's own (a
+    # module the user passed stays usable while and after training)
+    return jax.device_put(state, NamedSharding(mesh, P()), may_alias=False)
 
 
 def make_mesh(devices: Any = None):

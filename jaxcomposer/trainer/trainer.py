@@ -160,7 +160,9 @@ class Trainer(ReadsPlan):
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
-                              train_state=state, learning_rate=self._lr_at)
+                              train_state=state, model=self.task.source, learning_rate=self._lr_at)
+        self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
+        self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
 
     # ---- the run's plan: max_duration lives in one place (self.plan; read through ReadsPlan) ----
@@ -205,8 +207,11 @@ class Trainer(ReadsPlan):
                                      "fit(duration='10ep')).")
         st = self.state
         st.stop_requested = False
-        with _PreemptionGuard() as preemption:
-            self._fit_loop(preemption)
+        try:
+            with _PreemptionGuard() as preemption:
+                self._fit_loop(preemption)
+        finally:  # also on a preemption or an error: the module holds the last good weights
+            self._sync_model()
         return st
 
     def _fit_loop(self, preemption: "_PreemptionGuard") -> None:
@@ -287,6 +292,7 @@ class Trainer(ReadsPlan):
         loader = eval_dataloader if eval_dataloader is not None else self.eval_dataloader
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
+        self._sync_model()
         if self._eval_step is None:
             self._eval_step = steps.jit_eval_step(
                 steps.make_eval_step(self.task, self.composed, self.run_info, precision=self.precision), self.mesh)
@@ -315,6 +321,7 @@ class Trainer(ReadsPlan):
         return metrics
 
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
+        self._sync_model()
         fn = jax.jit(steps.make_predict_step(self.task, self.composed, self.run_info, precision=self.precision))
         outputs = []
         self._fire(Event.PREDICT_START)
@@ -331,8 +338,21 @@ class Trainer(ReadsPlan):
     def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> Path:
         """Save everything needed to continue bit for bit (the ``TrainState`` and the timestamp) to a new
         directory, or only the params and model state with ``weights_only``."""
+        self._sync_model()
         return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
                                           weights_only=weights_only)
+
+    def _sync_model(self) -> None:
+        """Write the current weights into the module the user passed (``state.model``), as Composer's model object
+        is the trained model: an NNX module is updated in place, a torch module gets them through the bridge.
+        Skipped when nothing changed since the last write."""
+        train_state = self.state.train_state
+        if train_state.params is self._synced_params:
+            return
+        write_back = self.task.pure.write_back
+        if write_back is not None:
+            self.state.model = write_back(train_state.params, train_state.model_state)
+        self._synced_params = train_state.params
 
     def _meta(self) -> dict:
         return {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}

@@ -1,3 +1,4 @@
+import copy
 import warnings
 
 import jax
@@ -168,14 +169,17 @@ def _torch_snapshot(m):
     return {k: v.clone() for k, v in m.state_dict().items()}, [type(x) for x in m.modules()]
 
 
-def test_torch_surgery_counts_and_original_untouched():
+def test_torch_surgery_in_place_as_composer_and_on_a_copy():
     torch.manual_seed(0)
-    model = TorchResNet().eval()
-    before, types = _torch_snapshot(model)
+    original = TorchResNet().eval()
+    before, types = _torch_snapshot(original)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        y0 = model(x)
-    new, replaced = apply_blurpool_torch(model, min_channels=16)
+        y0 = original(x)
+    # inplace=False: a copy is surgered, the input keeps its classes and values
+    model = copy.deepcopy(original)
+    new, replaced = apply_blurpool_torch(model, min_channels=16, inplace=False)
+    assert new is not model
     # stem (3 in-channels) is kept; the pool, two strided 3x3 convs and two strided 1x1 projections are replaced
     assert count_module_instances(new, BlurMaxPool2d) == 1
     assert count_module_instances(new, BlurConv2d) == 4
@@ -183,7 +187,6 @@ def test_torch_surgery_counts_and_original_untouched():
     assert set(replaced) == {model.pool, model.layers[1].conv1, model.layers[1].down[0], model.layers[2].conv1,
                              model.layers[2].down[0]}  # keys are the input model's modules
     assert isinstance(new.layers[2].down[0], BlurConv2d) and isinstance(new.stem, nn.Conv2d)
-    # the original: same module classes, same values
     after, types_after = _torch_snapshot(model)
     assert types == types_after and isinstance(model.pool, nn.MaxPool2d)
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
@@ -194,8 +197,15 @@ def test_torch_surgery_counts_and_original_untouched():
     np.testing.assert_array_equal(new.layers[1].conv1.conv.weight.detach().numpy(),
                                   model.layers[1].conv1.weight.detach().numpy())
     assert "layers.1.conv1.conv.weight" in new.state_dict()
+    # the default, as Composer: the module itself is edited and returned, computing what the copy computes
+    pool, conv = model.pool, model.layers[1].conv1
+    same, replaced = apply_blurpool_torch(model, min_channels=16)
+    assert same is model and isinstance(model.pool, BlurMaxPool2d) and replaced[pool] is model.pool
+    assert torch.equal(model.layers[1].conv1.conv.weight, conv.weight)  # weights copied, as Composer's from_conv2d
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), y2, rtol=0, atol=0)
 
-    new32, _ = apply_blurpool_torch(model, min_channels=32, replace_maxpools=False)
+    new32, _ = apply_blurpool_torch(copy.deepcopy(original), min_channels=32, replace_maxpools=False)
     assert count_module_instances(new32, BlurConv2d) == 2 and count_module_instances(new32, BlurMaxPool2d) == 0
 
 
@@ -208,12 +218,15 @@ def test_replace_module_classes_semantics():
         seen.append(idx)
         return nn.Identity() if m.out_features == 4 else None
 
-    new, replaced = replace_module_classes(model, {nn.Linear: policy})
+    new, replaced = replace_module_classes(model, {nn.Linear: policy}, inplace=False)
     assert seen == [0, 1]  # the shared Linear is visited once, then the second one
     assert list(replaced) == [shared]
     assert isinstance(new[0], nn.Identity) and new[2][0] is new[0]  # replaced in both parents
     assert isinstance(new[2][1], nn.Linear)
     assert model[0] is shared and model[2][0] is shared  # input untouched
+    same, replaced = replace_module_classes(model, {nn.Linear: policy})  # in place, as Composer
+    assert same is model and isinstance(model[0], nn.Identity) and model[2][0] is model[0]
+    assert list(replaced) == [shared]
 
 
 def test_nnx_surgery_counts_and_original_untouched(key):
@@ -273,14 +286,14 @@ def test_nothing_replaced_warns():
         apply_blurpool(object())
 
 
-def test_method_model_slot_returns_new_task():
+def test_method_model_slot_edits_the_model_in_place_as_composer():
     from jaxcomposer.models.tasks import ComposerClassifier
     model = ResNetCIFAR(depth=8, width=16, num_classes=10, in_channels=1, rngs=nnx.Rngs(0))
     task = ComposerClassifier(model, num_classes=10)
     method = BlurPool()
     assert method.name == "BlurPool" and method.model is not None and method.batch is None
     new_task = method.model(task, StepCtx(step=0, run=RunInfo(total_steps=2)))  # host, once, as the Trainer
-    assert new_task is not task and task.source is model and isinstance(new_task.source.blocks[1].conv1, BlurConv)
+    assert new_task.source is model and isinstance(model.blocks[1].conv1, BlurConv)  # the user's module, blurred
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(new_task.params)[0]]
     assert any("['conv1']['conv']['kernel']" in p for p in paths)  # replaced convs gain a ``conv`` segment
     with pytest.raises(ValueError, match="min_channels"):
@@ -310,8 +323,10 @@ def test_trains_nnx_resnet_in_trainer():
                               num_classes=10)
     trainer, losses = _fit(task, [BlurPool(min_channels=1)])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert isinstance(trainer.task.source.blocks[1].conv1, BlurConv)
-    assert not isinstance(task.source.blocks[1].conv1, BlurConv)
+    # as Composer: the module passed in is the one surgered and trained, and holds the trained weights
+    assert trainer.state.model is task.source and isinstance(task.source.blocks[1].conv1, BlurConv)
+    kernel = task.source.blocks[1].conv1.conv.kernel.value
+    np.testing.assert_array_equal(kernel, trainer.state.train_state.params["blocks"][1]["conv1"]["conv"]["kernel"].value)
 
 
 def _bridge_ready() -> bool:
@@ -333,19 +348,17 @@ def test_trains_bridged_torch_cnn_with_maxpool():
         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(), _GlobalMean(), nn.Linear(32, 10))
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10), [BlurPool()])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert isinstance(module[3], nn.MaxPool2d) and isinstance(module[4], nn.Conv2d)  # user's module untouched
+    # as Composer: the user's module was surgered in place, trained, and holds the trained weights
+    assert trainer.state.model is module and isinstance(module[3], BlurMaxPool2d) and isinstance(module[4], BlurConv2d)
     names = set(trainer.task.pure.params)
     assert "4.conv.weight" in names and "4.weight" not in names  # the strided conv is a BlurConv2d
-    # outputs differ from the un-surgered module's, and match the surgered torch module's
+    np.testing.assert_array_equal(module[4].conv.weight.detach().numpy(), trainer.state.train_state.params["4.conv.weight"])
+    # the torch module computes what the trainer's jitted forward computes
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
-    surgered = trainer.task.source.eval()
-    plain = from_torch(module.eval(), (torch.from_numpy(x),))
-    bridged_plain, _ = plain.apply(plain.params, plain.buffers, None, x, train=False)
-    bridged = from_torch(surgered, (torch.from_numpy(x),))
-    out, _ = bridged.apply(bridged.params, bridged.buffers, None, x, train=False)
+    (ours,) = trainer.predict([{"input": x, "target": np.zeros(4, np.int32)}])
     with torch.no_grad():
-        np.testing.assert_allclose(np.asarray(out), surgered(torch.from_numpy(x)).numpy(), atol=1e-5)
-    assert not np.allclose(np.asarray(out), np.asarray(bridged_plain), atol=1e-4)
+        theirs = module.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 class _ToNCHW(nn.Module):

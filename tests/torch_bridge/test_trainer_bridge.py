@@ -68,16 +68,36 @@ def eval_weights(trainer):
 def trained_cnn():
     train, evals = image_loaders()
     history = LossHistory()
-    trainer = Trainer(model=make_cnn(), train_dataloader=train, eval_dataloader=evals, max_duration="3ep",
+    module = make_cnn()
+    trainer = Trainer(model=module, train_dataloader=train, eval_dataloader=evals, max_duration="3ep",
                       optimizers=DecoupledSGDW(lr=0.05, momentum=0.9),
                       algorithms=[LabelSmoothing(), EMA(half_life="5ba"), GradientClipping("norm", 1.0)],
                       callbacks=[history], progress_bar=False, seed=0)
     trainer.fit()
-    return trainer, history, evals
+    # what the user's module held right after fit (later tests load EMA weights into it)
+    after_fit = {k: v.clone() for k, v in module.state_dict().items()}
+    return trainer, history, evals, module, after_fit
+
+
+def test_module_passed_holds_the_trained_weights(trained_cnn):
+    """As Composer: after fit, the torch module given to the Trainer is the trained model."""
+    trainer, _, _, module, after_fit = trained_cnn
+    assert trainer.state.model is module
+    ts = trainer.state.train_state
+    for name, value in {**ts.params, **ts.model_state}.items():
+        np.testing.assert_array_equal(after_fit[name].numpy(), np.asarray(value), err_msg=name)
+    assert int(after_fit["bn1.num_batches_tracked"]) == 24
+    probe = copy.deepcopy(module)
+    probe.load_state_dict(after_fit)
+    x = quadrant_images(8, 2)[0]
+    raw = jax.jit(lambda p, s, x: trainer.task.forward(p, s, {"input": x}, train=False)[0])(ts.params, ts.model_state,
+                                                                                           x.numpy())
+    with torch.no_grad():
+        assert_close_on_scale(np.asarray(raw), probe.eval()(x), MODEL_TOL)
 
 
 def test_bare_torch_cnn_trains(trained_cnn):
-    trainer, history, _ = trained_cnn
+    trainer, history, _, *_ = trained_cnn
     assert isinstance(trainer.task, ComposerClassifier) and trainer.task.is_bound
     losses = history.losses
     assert len(losses) == 3 * 8 and np.all(np.isfinite(losses))
@@ -87,7 +107,7 @@ def test_bare_torch_cnn_trains(trained_cnn):
 
 
 def test_trained_weights_back_to_torch_match_predict(trained_cnn):
-    trainer, _, evals = trained_cnn
+    trainer, _, evals, *_ = trained_cnn
     bridged = trainer.task.pure.bridged
     assert bridged.module is trainer.task.source
     params, state = eval_weights(trainer)  # EMA weights: what predict and eval use
@@ -102,7 +122,7 @@ def test_trained_weights_back_to_torch_match_predict(trained_cnn):
 
 def test_padded_eval_matches_torch(trained_cnn):
     """(e) eval's last partial batch is padded and masked: metrics equal torch's over exactly the 100 examples."""
-    trainer, _, evals = trained_cnn
+    trainer, _, evals, *_ = trained_cnn
     module = trainer.task.pure.bridged.to_torch(*eval_weights(trainer)).eval()
     metrics = trainer.eval(evals)
     xs, ys = evals.dataset.tensors

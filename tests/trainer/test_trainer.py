@@ -221,3 +221,31 @@ def test_fit_with_another_train_dataloader():
     assert trainer.steps_per_epoch == 8 and trainer.state.timestamp.batch == 8
     trainer.fit(train_dataloader=ArrayLoader(digits("train", 128), 32, seed=1), duration="1ep")
     assert trainer.steps_per_epoch == 4 and trainer.state.timestamp.batch == 12 and trainer.total_steps == 8
+
+
+def test_nnx_module_passed_holds_the_trained_weights():
+    """As Composer: the module given to the Trainer is the trained model, usable during and after fit. One device,
+    where the state's buffers would otherwise be the module's own and be donated to the first step."""
+    from flax import nnx
+
+    task = mlp_task()
+    module = task.source
+    seen_during_fit = []
+
+    class CallsTheModule(Callback):
+        def batch_end(self, state, logger):
+            seen_during_fit.append(np.asarray(module(np.zeros((1, 8, 8, 1), np.float32), train=False)))
+
+    trainer = make(task, max_duration="3ba", devices=jax.devices()[:1], callbacks=[CallsTheModule()])
+    trainer.fit()
+    assert trainer.state.model is module and len(seen_during_fit) == 3
+    for ours, trained in zip(leaves(nnx.state(module, nnx.Param)), leaves(trainer.state.train_state.params)):
+        np.testing.assert_array_equal(ours, trained)
+    x = digits("test", 16)["input"]
+    (expected,) = trainer.predict([{"input": x, "target": np.zeros(16, np.int32)}])
+    np.testing.assert_allclose(np.asarray(module(x, train=False)), expected, rtol=1e-5, atol=1e-5)
+    before = leaves(nnx.state(module, nnx.Param))
+    trainer.fit(duration="2ba")  # training on updates the same object
+    assert any(not np.array_equal(a, b) for a, b in zip(before, leaves(nnx.state(module, nnx.Param))))
+    for ours, trained in zip(leaves(nnx.state(module, nnx.Param)), leaves(trainer.state.train_state.params)):
+        np.testing.assert_array_equal(ours, trained)
