@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_option_flags(p_fit.add_argument_group("run options"), RUN_OPTIONS)
     _add_option_flags(p_fit.add_argument_group("components (YAML; --set reaches inside them)"), CONFIG_COMPONENTS)
     _add_option_flags(p_fit.add_argument_group("data"), DATA_OPTIONS, prefix="data.")
-    sub.add_parser("methods", help="list every speedup method with a one-line description")
+    p_methods = sub.add_parser("methods", help="list every speedup method, or print one method's card")
+    p_methods.add_argument("name", nargs="?", help="a method (e.g. ema, LabelSmoothing): print its method card")
     return parser
 
 
@@ -45,19 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     if args.command == "methods":
-        from jaxcomposer.algorithms import describe_methods
-        for name, line in describe_methods():
-            print(f"{name:<22} {line}")
+        from jaxcomposer.algorithms import describe_methods, method_card
+        if args.name is None:
+            for name, line in describe_methods():
+                print(f"{name:<22} {line}")
+            return 0
+        card = method_card(args.name)
+        if card is None:
+            known = ", ".join(name for name, _ in describe_methods())
+            print(f"jaxcomposer: no method {args.name!r}; known: {known}", file=sys.stderr)
+            return 2
+        print(card)
         return 0
 
-    from jaxcomposer.errors import ConfigError, Preempted
+    from jaxcomposer.errors import JaxComposerError, Preempted
     from jaxcomposer.runner import fit
     flags = [f"{dest.removeprefix('option:')}={value}" for dest, value in vars(args).items()
              if dest.startswith("option:") and value is not None]
     try:
         result = fit(args.config, flags + args.overrides)
-    except ConfigError as e:
-        print(f"jaxcomposer: {e}", file=sys.stderr)
+    except JaxComposerError as e:  # bad config, arguments, data or checkpoint: one message, no traceback
+        print(f"jaxcomposer: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except Preempted as e:  # SIGTERM -> 143, SIGINT -> 130, after the current step was saved
         print(f"jaxcomposer: {e}", file=sys.stderr)

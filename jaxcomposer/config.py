@@ -73,7 +73,10 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
         path = Path(config)
         if not path.is_file():
             raise ConfigError([("config", f"file {str(path)!r} does not exist")])
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = read_yaml(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError([("config", f"{path} is not valid YAML: {' '.join(str(e).split())}")]) from None
     elif isinstance(config, Mapping):
         raw = dict(config)
     else:
@@ -86,7 +89,12 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
         if not sep or not key:
             problems.append(("--set", f"{item!r} is not of the form key.path=value"))
             continue
-        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+        try:
+            _set_dotted(raw, key.strip(), read_yaml(value))
+        except yaml.YAMLError as e:
+            problems.append((key.strip(), f"--set value {value!r} is not valid YAML: {' '.join(str(e).split())}"))
+        except (KeyError, IndexError, TypeError) as e:
+            problems.append((key.strip(), f"--set {item!r}: {e.args[0] if e.args else e}"))
     cfg = None
     try:
         cfg = Config.model_validate(raw)
@@ -202,16 +210,51 @@ def _deep_copy(x):
     return x
 
 
+class _YAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as YAML 1.2 does: ``1e-3`` and ``3E5`` are floats (YAML 1.1, which
+    PyYAML follows, wants a dot, ``1.0e-3``, and otherwise gives the string ``'1e-3'``)."""
+
+
+_YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML as a config reads it (files and ``--set`` values): exponent-only floats are numbers."""
+    return yaml.load(text, Loader=_YAMLLoader)
+
+
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in nested dicts/lists; ``None`` (``--set key=null``) removes the key, so a method or callback
+    leaves the recipe and an option goes back to its default."""
     parts = dotted.split(".")
-    for p in parts[:-1]:
-        if isinstance(d, list) and p.isdigit():
+    for depth, p in enumerate(parts[:-1]):
+        where = ".".join(parts[:depth + 1])
+        if isinstance(d, list):
+            if not p.isdigit() or int(p) >= len(d):
+                raise IndexError(f"{where}: the list has {len(d)} entries (indices 0..{len(d) - 1})")
             d = d[int(p)]
             continue
-        d = d.setdefault(p, {})
-        if d is None:
-            d = {}
-    if isinstance(d, list) and parts[-1].isdigit():
-        d[int(parts[-1])] = value
+        if not isinstance(d, dict):
+            raise TypeError(f"{'.'.join(parts[:depth])} holds {d!r}, not a mapping or list")
+        if d.get(p) is None:
+            if value is None:
+                return  # removing something that is not there
+            d[p] = {}
+        d = d[p]
+    last = parts[-1]
+    if isinstance(d, list):
+        if not last.isdigit() or int(last) >= len(d):
+            raise IndexError(f"{dotted}: the list has {len(d)} entries (indices 0..{len(d) - 1})")
+        if value is None:
+            del d[int(last)]
+        else:
+            d[int(last)] = value
+    elif not isinstance(d, dict):
+        raise TypeError(f"{'.'.join(parts[:-1])} holds {d!r}, not a mapping or list")
+    elif value is None:
+        d.pop(last, None)
     else:
-        d[parts[-1]] = value
+        d[last] = value

@@ -70,7 +70,9 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """
     cfg = config_lib.load_config(config, overrides)
     run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
-    run_dir = fresh_run_dir(Path(cfg.run_dir).absolute(), run_name)
+    parent = Path(cfg.run_dir).absolute()
+    # a relaunch with autoresume continues the same run: its metrics append to the same directory
+    run_dir = parent / run_name if cfg.autoresume else fresh_run_dir(parent, run_name)
     d = cfg.data
     train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
                                       seq_len=d.seq_len, max_bytes=d.max_bytes)
@@ -89,12 +91,14 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                       callbacks=callbacks)
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
-    start = time.perf_counter()
-    state = trainer.fit()
-    wall = time.perf_counter() - start
-    trainer.close()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also for a run cut short
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    start = time.perf_counter()
+    try:
+        state = trainer.fit()
+    finally:
+        trainer.close()
+    wall = time.perf_counter() - start
     return FitResult(metrics=dict(state.eval_metrics.get("eval", {})), wall_time_s=wall, run_dir=run_dir,
                      state=state, trainer=trainer, fallback_note=info.fallback_note)
 

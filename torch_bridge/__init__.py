@@ -6,8 +6,9 @@ every ATen op through the table in ``torch_bridge/ops`` and returns a :class:`Br
 """
 from .export import UnsupportedOpError
 from .module import BridgedModel, from_torch
+from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask
 
 # Importing an ops module registers its lowerings (shape also registers indexing; nn registers nn_pool).
-from .ops import creation, elementwise, nn, reduction, shape  # noqa: E402,F401
+from .ops import creation, elementwise, loss, nn, reduction, shape  # noqa: E402,F401
 
-__all__ = ["from_torch", "BridgedModel", "UnsupportedOpError"]
+__all__ = ["from_torch", "BridgedModel", "ComposerModel", "HuggingFaceModel", "TorchComposerTask", "UnsupportedOpError"]

@@ -78,7 +78,10 @@ class BridgedModel:
         when nothing random runs. Inputs may be numpy, jax or torch arrays; 64-bit ones become 32-bit. Outputs mirror
         the module's return structure (one array, tuple, list or dict).
         """
-        prog = self._programs[bool(train)]
+        prog = self._programs.get(bool(train))
+        if prog is None:
+            raise ValueError(f"torch_bridge: the {'train' if train else 'eval'} graph was not exported "
+                             f"(from_torch(..., modes={tuple(self._programs)}))")
         inputs = self._check_inputs(prog, [_to_jax(x) for x in jax.tree_util.tree_leaves(inputs)], train)
         state = {**self.constants, **params, **{a: params[leaf] for a, leaf in self.aliases.items()}, **buffers}
         try:
@@ -156,21 +159,23 @@ class BridgedModel:
         return PureModel(apply=apply, params=self.params, state=self.buffers, bridged=self, write_back=self.to_torch)
 
 
-def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False) -> BridgedModel:
+def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False,
+               modes: tuple[bool, ...] = (True, False)) -> BridgedModel:
     """Export ``module`` (train and eval graphs) and bind its weights; fails here, not mid-training, on missing ops.
 
     ``example_inputs`` is the positional input tuple (a lone tensor is accepted too). Without ``dynamic_batch`` the
-    graphs are specialized to the example shapes; with it, dim 0 of every tensor input is symbolic.
+    graphs are specialized to the example shapes; with it, dim 0 of every tensor input is symbolic. ``modes``
+    picks the graphs to export (``(True,)``: the train graph only, for a module whose modes do not differ).
     """
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     eps = {mode: export.export_module(module, example_inputs, train=mode, dynamic_batch=dynamic_batch)
-           for mode in (True, False)}
-    export.check_supported([eps[True].graph, eps[False].graph])
+           for mode in modes}
+    export.check_supported([ep.graph for ep in eps.values()])
     programs = {mode: export.to_program(ep) for mode, ep in eps.items()}
 
     params, buffers, constants, aliases, dtypes, owner = {}, {}, {}, {}, {}, {}
-    for name, (tensor, kind) in export.tensor_sources([eps[True], eps[False]]).items():
+    for name, (tensor, kind) in export.tensor_sources(list(eps.values())).items():
         dtypes[name] = tensor.dtype
         if kind == "param":
             leaf = owner.setdefault(export.storage_key(tensor), name)

@@ -44,5 +44,16 @@ def describe_methods() -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["ENTRIES", "FUNCTIONAL", "REGISTRY", "describe_methods",
+def method_card(name: str) -> str | None:
+    """The method card (its file's docstring) of the method named ``name`` (registry or class name; case and
+    underscores ignored), or None."""
+    want = name.lower().replace("_", "")
+    for e in ENTRIES:
+        if want in (e.registry_name.replace("_", ""), e.factory.__name__.lower()):
+            doc = importlib.import_module(e.factory.__module__).__doc__ or ""
+            return f"{e.factory.__name__} ({e.registry_name})\n\n{doc.strip()}"
+    return None
+
+
+__all__ = ["ENTRIES", "FUNCTIONAL", "REGISTRY", "describe_methods", "method_card",
            *sorted(e.factory.__name__ for e in ENTRIES), *sorted(FUNCTIONAL)]

@@ -92,6 +92,16 @@ class RunState(ReadsPlan):
     def elapsed_fraction(self) -> float:
         return min(1.0, self.timestamp.get(self.max_duration.unit).value / max(self.max_duration.value, 1e-12))
 
+    # ---- what Composer's State offers its callbacks and function schedulers ----
+    def get_elapsed_duration(self) -> Time | None:
+        """The fraction of ``max_duration`` trained, as a ``dur`` Time (Composer's ``State.get_elapsed_duration``)."""
+        return None if self.max_duration is None else Time(self.elapsed_fraction(), "dur")
+
+    @property
+    def dataloader_len(self) -> Time | None:
+        """Batches per epoch as a ``ba`` Time (None for a loader without ``len()``), as Composer's State."""
+        return None if self.steps_per_epoch is None else Time(self.steps_per_epoch, "ba")
+
 
 class Callback:
     """Composer's callback protocol: one method per event, named like the event (``batch_end(state, logger)``).

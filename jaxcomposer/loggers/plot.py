@@ -1,4 +1,7 @@
-"""``PlotLogger``: a PNG at FIT_END with training loss and eval metrics against wall time since FIT_START.
+"""``PlotLogger``: a PNG at FIT_END with training loss and eval metrics against batches (samples on the top axis).
+
+With ``history`` (the run's ``metrics.jsonl``), a run continued by autoresume plots its earlier part too: the
+records up to the batch it resumed from.
 
 It is its own destination: it keeps in memory only the series it draws (the train loss and ``metrics/*``). Figures are
 built with ``matplotlib.figure.Figure`` and the Agg canvas directly, never ``pyplot``, so no global backend or rcParams
@@ -7,10 +10,10 @@ state is touched and no GUI window can open.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from jaxcomposer.loggers.jsonl import read_jsonl
 from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
 
 __all__ = ["PlotLogger"]
@@ -23,32 +26,43 @@ EVAL_PREFIX = "metrics/"
 class PlotLogger(LoggerDestination):
     """``path`` is the ``.png`` file or a directory that will hold ``metrics.png``."""
 
-    def __init__(self, path: str | os.PathLike, loss_key: str = LOSS_KEY,
-                 clock: Callable[[], float] = time.perf_counter, dpi: int = 100):
+    def __init__(self, path: str | os.PathLike, loss_key: str = LOSS_KEY, dpi: int = 100,
+                 history: str | os.PathLike | None = None):
         path = Path(path)
         self.path = path if path.suffix.lower() == ".png" else path / DEFAULT_FILENAME
         self.loss_key = loss_key
         self.dpi = dpi
-        self._clock = clock
-        self._start = None
+        self.history = Path(history) if history is not None else None
         self._pending = PendingMetrics(max_pending=64)
-        self.series: dict[str, list[tuple[float, float]]] = {}  # name -> [(seconds since FIT_START, value)]
+        self.series: dict[str, list[tuple[int, float]]] = {}  # name -> [(batch, value)]
+        self.samples_per_batch: int | None = None
 
     def fit_start(self, state, logger) -> None:
-        self._start = self._clock()
+        if self.history is not None and self.history.is_file() and not self.series:
+            resumed_at = int(state.timestamp.batch)
+            for record in read_jsonl(self.history):  # an earlier part of this run (autoresume)
+                step = record.get("step")
+                if step is not None and step <= resumed_at:
+                    self._keep(step, record.get("metrics", {}))
+
+    def batch_end(self, state, logger) -> None:
+        self.samples_per_batch = self.samples_per_batch or int(state.batch_size) or None
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         kept = {k: v for k, v in metrics.items() if k == self.loss_key or k.startswith(EVAL_PREFIX)}
         if not kept:
             return
-        start = self._start if self._start is not None else self._clock()
-        self._pending.push(step, kept, t=self._clock() - start)
+        self._pending.push(step, kept)
         self._absorb(self._pending.pop())
+
+    def _keep(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for name, value in metrics.items():
+            if name == self.loss_key or name.startswith(EVAL_PREFIX):
+                self.series.setdefault(name, []).append((int(step), float(value)))
 
     def _absorb(self, records) -> None:
         for r in records:
-            for name, value in r.metrics.items():
-                self.series.setdefault(name, []).append((r.context["t"], value))
+            self._keep(r.step, r.metrics)
 
     def fit_end(self, state, logger) -> None:
         self._absorb(self._pending.pop(force=True))
@@ -65,12 +79,16 @@ class PlotLogger(LoggerDestination):
         loss = self.series.get(self.loss_key, [])
         if loss:
             ax_loss.plot([t for t, _ in loss], [v for _, v in loss], lw=1, color="tab:blue")
-        ax_loss.set(title="training loss", xlabel="wall time since fit start (s)", ylabel=self.loss_key)
+        ax_loss.set(title="training loss", xlabel="batch", ylabel=self.loss_key)
         evals = {k: v for k, v in self.series.items() if k.startswith(EVAL_PREFIX)}
         for name, points in sorted(evals.items()):
             ax_eval.plot([t for t, _ in points], [v for _, v in points], marker="o", ms=3,
                          label=name[len(EVAL_PREFIX):])
-        ax_eval.set(title="eval metrics", xlabel="wall time since fit start (s)")
+        ax_eval.set(title="eval metrics", xlabel="batch")
+        if self.samples_per_batch:
+            n = self.samples_per_batch
+            for ax in (ax_loss, ax_eval):
+                ax.secondary_xaxis("top", functions=(lambda b: b * n, lambda s: s / n)).set_xlabel("samples")
         if evals:
             ax_eval.legend(fontsize="small")
         for ax, has_data in ((ax_loss, bool(loss)), (ax_eval, bool(evals))):

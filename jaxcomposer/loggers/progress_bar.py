@@ -2,6 +2,10 @@
 
 The loss is read (``float()``, which waits for the step) at most every ``log_interval_s`` seconds, so the bar does not
 turn the asynchronous training loop into a synchronous one. The latest evaluation metrics join the postfix.
+
+Where the output goes decides the form (``mode='auto'``): a terminal gets the bar; a Jupyter kernel gets tqdm's
+widget when ``ipywidgets`` is installed, else one text line updated at most once a second; anything else (a CI log,
+a file) gets plain lines every ``line_interval_s`` seconds and at the end, never carriage-return updates.
 """
 from __future__ import annotations
 
@@ -19,38 +23,60 @@ class ProgressBarLogger(LoggerDestination):
     ``tqdm.auto`` is used (a widget in notebooks); with an injected stream, plain text tqdm.
     """
 
+    MODES = ("auto", "bar", "lines")
+
     def __init__(self, log_interval_s: float = 0.5, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, mode: str = "auto", line_interval_s: float = 30.0):
         if log_interval_s < 0:
             raise ValueError(f"log_interval_s must be >= 0, got {log_interval_s}.")
-        self.log_interval_s = log_interval_s
-        self.stream = stream
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}.")
+        if line_interval_s < 0:
+            raise ValueError(f"line_interval_s must be >= 0, got {line_interval_s}.")
+        self.log_interval_s, self.line_interval_s = log_interval_s, line_interval_s
+        self.stream, self.mode = stream, mode
         self._clock = clock
         self._bar = None
+        self._lines = None  # lines mode: (stream, desc, total, start clock, batch at start, clock of the last line)
         self._postfix: dict[str, str] = {}
         self._last_read = None  # (clock time, samples) at the last loss read
 
     def fit_start(self, state, logger) -> None:
-        if self.stream is None:
-            from tqdm.auto import tqdm
-            stream = sys.stderr
-        else:
-            from tqdm.std import tqdm
-            stream = self.stream
-        self._bar = tqdm(
-            total=state.total_steps or None,
-            initial=state.timestamp.batch,
-            desc=state.run_name or "train",
-            unit="ba",
-            file=stream,
-            dynamic_ncols=self.stream is None,
-            mininterval=min(self.log_interval_s, 0.1),
-            leave=True,
-        )
+        stream = self.stream if self.stream is not None else sys.stderr
+        desc, total = state.run_name or "train", state.total_steps or None
+        in_notebook = "ipykernel" in sys.modules and self.stream is None
+        mode = self.mode if self.mode != "auto" else \
+            "bar" if in_notebook or getattr(stream, "isatty", lambda: False)() else "lines"
         self._last_read = (self._clock(), state.timestamp.sample)
+        if mode == "lines":
+            now = self._clock()
+            self._lines = (stream, desc, total, now, state.timestamp.batch, now)
+            return
+        from tqdm.std import tqdm
+        mininterval = min(self.log_interval_s, 0.1)
+        if in_notebook:
+            try:
+                import ipywidgets  # noqa: F401  (tqdm's notebook bar needs it)
+                from tqdm.notebook import tqdm
+            except ImportError:
+                mininterval = 1.0  # each refresh is a message to the notebook: one line, updated once a second
+        self._bar = tqdm(total=total, initial=state.timestamp.batch, desc=desc, unit="ba", file=stream,
+                         dynamic_ncols=self.stream is None, mininterval=mininterval, leave=True)
+
+    def _write_line(self, batch: int) -> None:
+        from tqdm.std import tqdm
+        stream, desc, total, start, first, _ = self._lines
+        now = self._clock()
+        elapsed = now - start
+        rate = (batch - first) / elapsed if elapsed > 0 and batch > first else None
+        line = tqdm.format_meter(batch, total, elapsed, ncols=0, prefix=desc, unit="ba", rate=rate,
+                                 postfix=", ".join(f"{k}={v}" for k, v in self._postfix.items()) or None)
+        stream.write(line + "\n")
+        stream.flush()
+        self._lines = (stream, desc, total, start, first, now)
 
     def batch_end(self, state, logger) -> None:
-        if self._bar is None:
+        if self._bar is None and self._lines is None:
             return
         now = self._clock()
         last_t, last_samples = self._last_read
@@ -64,25 +90,34 @@ class ProgressBarLogger(LoggerDestination):
             if now > last_t and state.timestamp.sample > last_samples:
                 self._postfix["samples/s"] = f"{(state.timestamp.sample - last_samples) / (now - last_t):.1f}"
             self._last_read = (now, state.timestamp.sample)
-            self._bar.set_postfix(self._postfix, refresh=False)
-        self._bar.update(state.timestamp.batch - self._bar.n)
+            if self._bar is not None:
+                self._bar.set_postfix(self._postfix, refresh=False)
+        if self._bar is not None:
+            self._bar.update(state.timestamp.batch - self._bar.n)
+        elif self._clock() - self._lines[5] >= self.line_interval_s:
+            self._write_line(state.timestamp.batch)
 
     def eval_end(self, state, logger) -> None:
-        if self._bar is None:
+        if self._bar is None and self._lines is None:
             return
         for label, metrics in state.eval_metrics.items():
             for name, value in metrics.items():
                 self._postfix[f"{label}/{name}"] = format_metric(float(value))
-        self._bar.set_postfix(self._postfix)
+        if self._bar is not None:
+            self._bar.set_postfix(self._postfix)
         # Eval time is not training throughput: restart the samples/s window after it.
         self._last_read = (self._clock(), state.timestamp.sample)
 
     def fit_end(self, state, logger) -> None:
-        if self._bar is None:
+        if self._bar is None and self._lines is None:
             return
         loss = state.batch_metrics.get("loss")
         if loss is not None:
             self._postfix["loss"] = format_metric(float(loss))
+        if self._lines is not None:
+            self._write_line(state.timestamp.batch)
+            self._lines = None
+            return
         self._bar.set_postfix(self._postfix, refresh=False)
         self._bar.update(state.timestamp.batch - self._bar.n)
         self._bar.close()
@@ -92,3 +127,4 @@ class ProgressBarLogger(LoggerDestination):
         if self._bar is not None:  # the run failed before FIT_END
             self._bar.close()
             self._bar = None
+        self._lines = None

@@ -43,6 +43,27 @@ def _check(name: str, value: float, ok: bool, expectation: str) -> None:
         raise ValueError(f"Invalid {name}={value!r}: expected {expectation}.")
 
 
+def _composer_params(name: str, params: Any, lr: Any, default: float | None) -> float:
+    """Composer's optimizers take torch's ``params`` first; here the Trainer owns the parameters, so ``params``
+    (``model.parameters()``, or param groups without options of their own) is accepted and not needed. A number
+    in its place is the learning rate (``DecoupledSGDW(0.1)``), the optax habit."""
+    if isinstance(params, (int, float)) and not isinstance(params, bool):
+        if lr is not None:
+            raise TypeError(f"{name}: got a learning rate twice ({params!r} positionally and lr={lr!r})")
+        return params
+    groups = params if isinstance(params, (list, tuple)) else []
+    for i, group in enumerate(groups):
+        if isinstance(group, dict) and set(group) - {"params"}:
+            raise ValueError(f"{name}: param group {i} sets {sorted(set(group) - {'params'})}; per-group options are "
+                             "not supported (one optimizer for every parameter, as the Trainer builds it); use "
+                             "optax.multi_transform for per-group settings")
+    if lr is None:
+        if default is None:
+            raise TypeError(f"{name}: lr is required, e.g. {name}(model.parameters(), lr=0.1)")
+        return default
+    return lr
+
+
 def _need_params(params: Any, name: str) -> Any:
     if params is None:
         raise ValueError(f"{name}.update needs params for decoupled weight decay; call update(grads, state, params).")
@@ -57,7 +78,8 @@ def _decoupled(lr: float, wd: float, direction: Any, params: Any) -> Any:
 
 
 def DecoupledSGDW(
-    lr: float,
+    params: Any = None,
+    lr: float | None = None,
     momentum: float = 0.0,
     dampening: float = 0.0,
     weight_decay: float = 0.0,
@@ -66,8 +88,10 @@ def DecoupledSGDW(
     """SGD with torch's momentum rule and Composer's decoupled decay.
 
     Momentum as ``torch.optim.SGD``: ``buf = g`` on the first step, then ``buf = momentum * buf + (1 - dampening) * g``;
-    the direction is ``g + momentum * buf`` with nesterov, else ``buf``.
+    the direction is ``g + momentum * buf`` with nesterov, else ``buf``. Composer's call,
+    ``DecoupledSGDW(model.parameters(), lr=0.1, ...)``, works as written (see :func:`_composer_params`).
     """
+    lr = _composer_params("DecoupledSGDW", params, lr, default=None)
     _check("lr", lr, lr > 0, "lr > 0")
     _check("momentum", momentum, momentum >= 0, "momentum >= 0")
     _check("dampening", dampening, dampening >= 0, "dampening >= 0")
@@ -105,13 +129,16 @@ def DecoupledSGDW(
 
 
 def DecoupledAdamW(
-    lr: float = 1e-3,
+    params: Any = None,
+    lr: float | None = None,
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     weight_decay: float = 1e-5,
     amsgrad: bool = False,
 ) -> DecoupledTransformation:
-    """Adam with torch's bias correction (``denom = sqrt(v) / sqrt(bc2) + eps``) and Composer's decoupled decay."""
+    """Adam with torch's bias correction (``denom = sqrt(v) / sqrt(bc2) + eps``) and Composer's decoupled decay.
+    ``lr`` defaults to 1e-3; Composer's call, ``DecoupledAdamW(model.parameters(), lr=...)``, works as written."""
+    lr = _composer_params("DecoupledAdamW", params, lr, default=1e-3)
     _check("lr", lr, lr > 0, "lr > 0")
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
         raise ValueError(f"Invalid betas={betas!r}: expected a pair (beta1, beta2).")

@@ -142,6 +142,11 @@ def merge_into(target: TrainState, saved: dict[str, Any], *, fields: Sequence[st
     ignored = lambda p: any(fnmatch.fnmatchcase(p, pat) for pat in ignore_keys)
     in_scope = lambda p: p.split(".", 1)[0] in fields
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(target)
+    names = [_path_name(path) for path, _ in leaves_with_paths] + list(saved)
+    unmatched = [pat for pat in ignore_keys if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
+    if unmatched:  # a typo in a glob would otherwise silently load what the user meant to skip
+        raise CheckpointError(f"load_ignore_keys: {unmatched} match no leaf of {where} or of this model/recipe; "
+                              f"paths look like {names[:3]} (globs on dotted paths, e.g. 'params.head.*')")
     new_leaves, problems, used = [], [], set()
     for path, leaf in leaves_with_paths:
         name = _path_name(path)

@@ -109,8 +109,9 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
     ctx, so the schedule and every optimizer wrapper read the one clock. Built once with the step-0 ctx for
     ``init`` (the state's structure does not depend on the step), then inside every traced step."""
 
-    def build_tx(ctx: StepCtx) -> optax.GradientTransformation:
-        multiplier = composed.wrap_schedule(alpha, ctx)(ctx.step)
+    def build_tx(ctx: StepCtx, host_lr=1.0) -> optax.GradientTransformation:
+        # host_lr: the product of Composer-style function schedulers, computed on the host for this step
+        multiplier = composed.wrap_schedule(alpha, ctx)(ctx.step) * host_lr
         return composed.wrap_tx(optax.chain(base, optax.scale(multiplier)), ctx)
 
     return build_tx
@@ -118,13 +119,14 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
                     num_microbatches: int = 1, mesh=None, param_order: Callable | None = None) -> Callable:
-    """``train_step(state, batch, stage) -> (state, metrics)``, pure; the caller jits it (see ``jit_train_step``).
+    """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
+    ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
     ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``param_order`` is the memoized
     :attr:`ModelView.param_order` the methods see."""
     data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
 
-    def train_step(state: TrainState, batch: dict, stage=None):
+    def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
         ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
                       model=ModelView(param_order=param_order))
         loss_fn = composed.wrap_loss(task.loss, ctx)
@@ -134,7 +136,7 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
         batch = composed.apply_batch(dict(batch), ctx)
         (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx)(
             state.params, state.model_state, batch, jax.random.fold_in(ctx.key, _FORWARD_KEY))
-        updates, opt_state = build_tx(ctx).update(grads, state.opt_state, state.params)
+        updates, opt_state = build_tx(ctx, host_lr).update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         extras = composed.update_extras(state.extras, params, model_state, ctx)
         grad_norm = optax.tree.norm(grads)
@@ -186,7 +188,7 @@ def eval_weights(composed: Composed, state: TrainState, run: RunInfo):
 def jit_train_step(train_step: Callable, mesh) -> Callable:
     """Jit with the state replicated, the batch sharded over ``data``, and the old state's buffers donated."""
     replicated = NamedSharding(mesh, P())
-    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data"))),
+    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data")), replicated),
                    out_shardings=(replicated, replicated), donate_argnums=0, static_argnums=2)
 
 

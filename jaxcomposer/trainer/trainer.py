@@ -9,6 +9,7 @@ import functools
 import inspect
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -79,9 +80,11 @@ class Trainer(ReadsPlan):
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None):
         # ---- validate (nothing compiled or written yet) ----
         a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
-        if adapters.is_foreign_model(model):  # a bare torch module is a classifier, as Composer's ComposerClassifier(module)
+        if adapters.is_foreign_model(model):
+            # a torch ComposerModel (forward(batch) + its own loss) is its own task; a bare torch module is a
+            # classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
-            model = ComposerClassifier(model)
+            model = adapters.as_task(model) or ComposerClassifier(model)
         if not isinstance(model, Task):
             raise ConfigurationError(
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
@@ -91,6 +94,10 @@ class Trainer(ReadsPlan):
         self.precision = a.precision or "fp32"
         schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
             else [schedulers]
+        for i, sched in enumerate(schedulers):
+            if not callable(sched) and not hasattr(sched, "schedule"):
+                raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
+                                         "jaxcomposer.optim or a Composer-style function (state, ssr=1.0) -> float")
         if a.scale_schedule_ratio != 1.0 and not schedulers:
             raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
                                      "(as in Composer), so pass schedulers=... too.")
@@ -128,12 +135,18 @@ class Trainer(ReadsPlan):
             optimizers = optimizers[0]
         self.optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         self.base_lr = getattr(self.optimizer, "lr", None)
-        self.schedulers = schedulers
+        # ours compile into the step; Composer-style functions of the run state are called on the host each batch
+        self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
+        self.host_schedulers = [sch for sch in schedulers if not hasattr(sch, "schedule")]
+        self._host_lr = 1.0
         self._replan(max_duration)
         # surgery first: on a torch module it runs before export
         self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
         if not self.task.is_bound:
-            self.task.bind(self._example_batch())
+            raw = self._first_raw_batch()
+            if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
+                self.task.note_raw_batch(raw)
+            self.task.bind(as_batch(raw))
         self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
             lambda: param_use_order(self.task.forward, self.task.params, self.task.state, self._example_batch()))
 
@@ -145,7 +158,7 @@ class Trainer(ReadsPlan):
             loggers.append(ConsoleLogger())
         if self.run_dir is not None:  # file loggers create the directory at their first write, not now
             loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
-                        PlotLogger(self.run_dir / "metrics.png")]
+                        PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
 
@@ -154,6 +167,11 @@ class Trainer(ReadsPlan):
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
+            if a.progress_bar or a.log_to_console:  # said where people watch the run
+                print(f"jaxcomposer: resuming from {self.store.folder / str(resume_step)} at batch "
+                      f"{timestamp.batch}", file=sys.stderr, flush=True)
+            self.logger.log_hyperparameters({"resumed_from": str(self.store.folder / str(resume_step)),
+                                             "resumed_at_batch": timestamp.batch})
         elif load_dir is not None:
             state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,
                                                      ignore_keys=a.load_ignore_keys, label=f"load_path {load_dir}")
@@ -182,7 +200,7 @@ class Trainer(ReadsPlan):
         # jitted: LRMonitor may ask every batch
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
         self._train_steps: dict = {}
-        self._eval_step = None
+        self._eval_step = self._predict_step = None
         if getattr(self, "state", None) is not None:
             self.state.plan = self.plan
 
@@ -229,7 +247,8 @@ class Trainer(ReadsPlan):
                 stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
                                             self._host_ctx(int(st.timestamp.batch)))
                 n, seen = _batch_size(batch), seen + 1
-                st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage)
+                self._host_lr = self._host_multiplier()
+                st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
                 st.batch_size = n
                 st.timestamp = st.timestamp.to_next_batch(
                     samples=n, tokens=self.task.num_tokens(batch),
@@ -293,7 +312,9 @@ class Trainer(ReadsPlan):
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
         self._sync_model()
-        if self._eval_step is None:
+        # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
+        host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
+        if self._eval_step is None and host is None:
             self._eval_step = steps.jit_eval_step(
                 steps.make_eval_step(self.task, self.composed, self.run_info, precision=self.precision), self.mesh)
         self._fire(Event.EVAL_START)
@@ -305,16 +326,21 @@ class Trainer(ReadsPlan):
             if n_batches >= 0 and i >= n_batches:
                 break
             batch = as_batch(raw)
-            pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
-            batch, mask = _pad(batch, pad_to)
-            part, c = self._eval_step(self.state.train_state, batch, mask)
-            sums = {k: sums.get(k, 0.0) + v for k, v in part.items()}
-            count += c
+            if host is not None:  # unpadded: the metrics see exactly the loader's examples
+                host.update(batch, self._predict_fn()(self.state.train_state, batch))
+                count += _batch_size(batch)
+            else:
+                pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
+                batch, mask = _pad(batch, pad_to)
+                part, c = self._eval_step(self.state.train_state, batch, mask)
+                sums = {k: sums.get(k, 0.0) + v for k, v in part.items()}
+                count += c
             self._fire(Event.EVAL_BATCH_END)
         count = float(count)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
-        metrics = self.task.finalize({k: float(v) / count for k, v in sums.items()})
+        metrics = host.compute() if host is not None else \
+            self.task.finalize({k: float(v) / count for k, v in sums.items()})
         self.state.eval_metrics[label] = metrics
         self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
         self._fire(Event.EVAL_END)
@@ -322,7 +348,7 @@ class Trainer(ReadsPlan):
 
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
         self._sync_model()
-        fn = jax.jit(steps.make_predict_step(self.task, self.composed, self.run_info, precision=self.precision))
+        fn = self._predict_fn()
         outputs = []
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
@@ -341,6 +367,12 @@ class Trainer(ReadsPlan):
         self._sync_model()
         return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
                                           weights_only=weights_only)
+
+    def _predict_fn(self) -> Callable:
+        if self._predict_step is None:
+            self._predict_step = jax.jit(steps.make_predict_step(self.task, self.composed, self.run_info,
+                                                                 precision=self.precision))
+        return self._predict_step
 
     def _sync_model(self) -> None:
         """Write the current weights into the module the user passed (``state.model``), as Composer's model object
@@ -443,10 +475,13 @@ class Trainer(ReadsPlan):
         return datetime.timedelta(seconds=elapsed)
 
     def _example_batch(self) -> dict:
+        return as_batch(self._first_raw_batch())
+
+    def _first_raw_batch(self):
         for loader in (self.train_dataloader, self.eval_dataloader):
             if loader is not None:
                 for raw in loader:
-                    return as_batch(raw)
+                    return raw
         raise ConfigurationError("model: a torch module is exported with example inputs taken from the first "
                                  "batch, but there is no train_dataloader or eval_dataloader to take it from")
 
@@ -471,7 +506,21 @@ class Trainer(ReadsPlan):
         return self.eval_dataloader is not None and self._due(self.eval_interval, unit)
 
     def _lr_at(self, step: int) -> float | None:
-        return None if self.base_lr is None else float(self.base_lr * self.lr_multiplier(step))
+        """The LR at ``step``; a Composer-style function scheduler contributes its latest value."""
+        return None if self.base_lr is None else float(self.base_lr * self.lr_multiplier(step) * self._host_lr)
+
+    def _host_multiplier(self) -> float:
+        """The product of the Composer-style function schedulers at the current state, as Composer's LambdaLR
+        asks them before each batch (``timestamp.batch`` = batches trained so far)."""
+        value = 1.0
+        for i, sched in enumerate(self.host_schedulers):
+            try:
+                value *= float(sched(self.state, self.scale_schedule_ratio))
+            except TypeError as e:
+                raise ConfigurationError(f"schedulers[{i}]: calling {getattr(sched, '__name__', sched)!r}(state, "
+                                         f"ssr) failed ({e}); a function scheduler has Composer's signature "
+                                         "(state, ssr=1.0) -> float") from e
+        return value
 
     def _step_for(self, batch_size: int):
         """The jitted train step for a batch size (the number of microbatches is static: one compile each)."""

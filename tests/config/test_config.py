@@ -100,6 +100,14 @@ def test_fit_saves_and_autoresumes_from_config(tmp_path):
     assert first.trainer.store.all_steps() == [len(first.trainer.train_dataloader)]
     again = fit({**base, "max_duration": "2ep", "autoresume": True})
     assert again.state.timestamp.epoch == 2
-    assert again.trainer.store.all_steps() == [len(again.trainer.train_dataloader) * k for k in (1, 2)]
+    n = len(again.trainer.train_dataloader)
+    assert again.trainer.store.all_steps() == [n * k for k in (1, 2)]
+    # one run, one directory: the continued part appends to the first part's metrics
+    assert again.run_dir == first.run_dir and (again.run_dir / "config.yaml").is_file()
+    from jaxcomposer.loggers.jsonl import read_jsonl
+    steps = [r["step"] for r in read_jsonl(again.run_dir / "metrics.jsonl") if "loss/train/total" in r.get("metrics", {})]
+    assert steps == list(range(1, 2 * n + 1))
+    hparams = [r["hparams"] for r in read_jsonl(again.run_dir / "metrics.jsonl") if "hparams" in r]
+    assert {"resumed_from": str(tmp_path / "ck" / str(n)), "resumed_at_batch": n}.items() <= hparams[-1].items()
     with pytest.raises(ConfigError, match="save_interval"):
         load_config({**base, "save_interval": "2epochs"})

@@ -238,3 +238,18 @@ def test_sgdw_warns_when_weight_decay_is_large():
 def test_invalid_arguments(make, name):
     with pytest.raises(ValueError, match=name):
         make()
+
+
+def test_composer_call_with_torch_params():
+    """Composer's ``DecoupledSGDW(model.parameters(), lr=...)`` works unchanged: the Trainer owns the parameters."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(3, 2)
+    assert DecoupledSGDW(model.parameters(), lr=0.2, momentum=0.9).lr == 0.2
+    assert DecoupledAdamW(model.parameters()).lr == 1e-3
+    assert DecoupledSGDW([{"params": list(model.parameters())}], lr=0.3).lr == 0.3
+    with pytest.raises(ValueError, match="param group 0 sets \\['lr'\\]"):
+        DecoupledSGDW([{"params": list(model.parameters()), "lr": 0.1}], lr=0.3)
+    with pytest.raises(TypeError, match="lr is required"):
+        DecoupledSGDW(model.parameters())
+    with pytest.raises(TypeError, match="learning rate twice"):
+        DecoupledSGDW(0.1, lr=0.2)

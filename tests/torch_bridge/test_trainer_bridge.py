@@ -147,7 +147,7 @@ def test_image_methods_on_nchw_bridged_batches(method):
 
 def test_cutout_nchw_holes_span_channels():
     x = jnp.ones((2, 3, 8, 8))
-    out = np.asarray(cutout_batch(x, jax.random.key(0), length=0.5, data_format="NCHW"))
+    out = np.asarray(cutout_batch(x, length=0.5, key=jax.random.key(0), data_format="NCHW"))
     holes = out == 0
     assert holes.any()
     assert (holes == holes[:, :1]).all()  # the same (H, W) square on every channel

@@ -80,6 +80,8 @@ def test_ignore_keys_on_a_full_restore_keep_chosen_state_fresh(tmp_path):
     assert all(not np.any(x) for x in leaves(again.state.train_state.opt_state))  # momentum starts from zero
     with pytest.raises(ConfigurationError, match="load_ignore_keys: .* without load_path"):
         trainer(load_ignore_keys=["params.*"])
+    with pytest.raises(CheckpointError, match=r"load_ignore_keys: \['params.haed.\*'\] match no leaf"):
+        trainer(load_path=tmp_path / "ck", load_ignore_keys=["opt_state.*", "params.haed.*"])  # a typo is named
 
 
 def test_save_overwrite_replaces_the_old_run_at_its_first_save(tmp_path):

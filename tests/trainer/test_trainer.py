@@ -249,3 +249,33 @@ def test_nnx_module_passed_holds_the_trained_weights():
     assert any(not np.array_equal(a, b) for a, b in zip(before, leaves(nnx.state(module, nnx.Param))))
     for ours, trained in zip(leaves(nnx.state(module, nnx.Param)), leaves(trainer.state.train_state.params)):
         np.testing.assert_array_equal(ours, trained)
+
+
+def test_function_scheduler_runs_on_the_host_as_composer():
+    """Composer's function schedulers, ``(state, ssr=1.0) -> float`` of the run state, are asked before each batch
+    (as Composer's LambdaLR): the run equals one with the compiled scheduler of the same schedule, and a function
+    with the wrong signature is named."""
+    from jaxcomposer.optim import StepScheduler
+
+    seen = []
+
+    def halve_each_epoch(state, ssr=1.0):
+        seen.append((int(state.timestamp.batch), ssr))
+        return 0.5 ** int(state.timestamp.epoch)
+
+    by_function = make(schedulers=[halve_each_epoch], max_duration="3ep")
+    by_function.fit()
+    compiled = make(schedulers=[StepScheduler(step_size="1ep", gamma=0.5)], max_duration="3ep")
+    compiled.fit()
+    steps = 3 * len(by_function.train_dataloader)
+    assert [b for b, _ in seen] == list(range(steps)) and {s for _, s in seen} == {1.0}
+    for a, b in zip(leaves(by_function.state.train_state.params), leaves(compiled.state.train_state.params)):
+        np.testing.assert_array_equal(a, b)
+    assert by_function.state.learning_rate(steps - 1) == pytest.approx(0.1 * 0.25)
+    def takes_nothing():
+        return 1.0
+
+    with pytest.raises(ConfigurationError, match="schedulers\\[0\\]: calling 'takes_nothing'"):
+        make(schedulers=[takes_nothing], max_duration="1ba").fit()
+    with pytest.raises(ConfigurationError, match="schedulers\\[0\\]: got int"):
+        make(schedulers=[3])
