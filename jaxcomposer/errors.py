@@ -31,6 +31,28 @@ class ConfigError(JaxComposerError, ValueError):
         super().__init__(f"{len(problems)} problem(s) in the config:\n{lines}")
 
 
+class MissingKeyError(JaxComposerError, ValueError):
+    """A functional form that must draw random numbers was called without ``key=`` (a JAX PRNG key).
+
+    Composer's functional forms draw from numpy's and torch's global generators; ours never read global state, so
+    the randomness has to come in as an argument. The message names the function and what it draws.
+    """
+
+
+class TimeInputError(JaxComposerError, RuntimeError):
+    """What ``Time.from_input`` raises where Composer raises ``RuntimeError`` (a bare number without
+    ``default_int_unit``, a value of an unsupported type). The concrete classes are also the ``ValueError`` /
+    ``TypeError`` a Python user would expect, so callers catching those keep working."""
+
+
+class MissingTimeUnitError(TimeInputError, ValueError):
+    """A bare number given as a time without a unit to read it in."""
+
+
+class TimeInputTypeError(TimeInputError, TypeError):
+    """A value of a type that cannot be a time (``None``, a list, ...)."""
+
+
 class MethodConflictError(JaxComposerError, ValueError):
     """Methods that cannot share a recipe (listed twice, declared conflicts, one exclusive capability claimed twice)."""
 

@@ -3,7 +3,9 @@
 Declared in ``pyproject.toml`` under the entry point group ``jaxcomposer.adapters`` with the name ``torch``, so
 jaxcomposer loads it the first time it meets an object whose class comes from torch, and never imports torch
 otherwise. It converts ``nn.Module``s (exported from example inputs taken from the first batch), wraps
-``DataLoader``s, and holds the torch-level surgery of the ``model``-slot methods, keyed by method name.
+``DataLoader``s, holds the torch-level surgery of the ``model``-slot methods, keyed by method name, and carries
+tensors to and from ``jaxcomposer.functional`` (``torch_bridge.functional``), whose torch arrays are NCHW as in
+Composer.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import torch
 from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
+from .composer_model import TorchComposerTask, is_composer_model
+from . import functional
 from .data import from_dataloader
 from .module import from_torch
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
@@ -41,5 +45,14 @@ def _blurpool(module: torch.nn.Module, *, replace_convs: bool, replace_maxpools:
     return new, count_module_instances(new, BlurMaxPool2d), count_module_instances(new, BlurConv2d)
 
 
+def _to_task(module):
+    """Composer's ``ComposerModel`` protocol (a ``loss`` method next to ``forward(batch)``) becomes its own task."""
+    return TorchComposerTask(module) if is_composer_model(module) else None
+
+
 ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure_model=_to_pure_model,
-                  to_loader=_to_loader, surgery={"BlurPool": _blurpool})
+                  to_loader=_to_loader, surgery={"BlurPool": _blurpool}, to_task=_to_task,
+                  is_array=lambda obj: isinstance(obj, torch.Tensor), to_array=functional.to_array,
+                  from_array=functional.from_array, data_format="NCHW", no_grad=torch.no_grad,
+                  functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
+                              "apply_gradient_clipping": functional.apply_gradient_clipping})

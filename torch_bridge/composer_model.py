@@ -6,12 +6,13 @@ A Composer user's model is an ``nn.Module`` with ``forward(batch)`` and ``loss(o
 ``forward``; eval graph: ``eval_forward``) and so is the model's own ``loss``, which is what is differentiated. Evaluation runs the eval graph in JAX and feeds the outputs, as torch tensors, to the
 model's own metrics on the host (Composer's ``update_metric``), so metrics mean exactly what they mean in Composer.
 
-Batches reach the model as the loader made them: an ``(input, target)`` pair stays a tuple, a dict stays a dict
-with the same keys.
+Batches reach the model as the loader made them: an ``(input, target)`` pair stays a pair, a dict stays a dict with
+the same keys (a dict whose keys are exactly ``input`` and ``target`` is taken for a pair).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from typing import Any, Mapping
 
@@ -93,8 +94,11 @@ class TorchComposerTask(Task):
         super().__init__(model)
 
     def note_raw_batch(self, raw: Any) -> None:
-        """The Trainer shows the task one batch as the loader yields it, so the model gets that structure back."""
-        self.keys = None if isinstance(raw, (tuple, list)) else tuple(raw)
+        """The Trainer shows the task one batch as the loader yields it, so the model gets that structure back: an
+        ``(input, target)`` pair (which a wrapped torch DataLoader names ``{'input', 'target'}``) as the pair, any
+        other dict as that dict."""
+        pair = isinstance(raw, (tuple, list)) or (isinstance(raw, Mapping) and set(raw) == {"input", "target"})
+        self.keys = None if pair else tuple(raw)
 
     def _tensors(self, batch: Mapping[str, Any]) -> tuple:
         return (batch["input"], batch["target"]) if self.keys is None else tuple(batch[k] for k in self.keys)
@@ -103,7 +107,14 @@ class TorchComposerTask(Task):
         if self._pure is None:
             from .module import from_torch
             example = tuple(torch.from_numpy(np.array(x)) for x in self._tensors(batch))
-            self._pure = from_torch(_Forward(self.source, self.keys), example, dynamic_batch=True).as_pure_model()
+            bridged = from_torch(_Forward(self.source, self.keys), example, dynamic_batch=True)
+            model = self.source
+
+            def write_back(params, state):  # into the wrapper, which holds the user's module: return that module
+                bridged.to_torch(params, state)
+                return model
+
+            self._pure = dataclasses.replace(bridged.as_pure_model(), write_back=write_back)
             self._signature = [(np.shape(x), np.asarray(x).dtype.kind) for x in self._tensors(batch)]
         return self
 

@@ -9,6 +9,7 @@ without decomposing conv2d/linear/layer_norm/SDPA/embedding, so SDPA still maps 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import dataclasses
 import warnings
 from collections import defaultdict
@@ -47,9 +48,13 @@ def _mode(module: torch.nn.Module, train: bool):
         module.train(was)
 
 
-def _dynamic_shapes(example_inputs: tuple):
+def _dynamic_shapes(example_inputs: tuple, module: torch.nn.Module | None = None):
     batch = torch.export.Dim("batch")
-    return tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
+    specs = tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
+    params = list(inspect.signature(module.forward).parameters.values()) if module is not None else []
+    if len(params) == 1 and params[0].kind == params[0].VAR_POSITIONAL:  # forward(*tensors): one varargs entry
+        return (specs,)
+    return specs
 
 
 def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool, dynamic_batch: bool):
@@ -58,7 +63,7 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         try:
             ep = torch.export.export(module, tuple(example_inputs),
-                                     dynamic_shapes=_dynamic_shapes(example_inputs) if dynamic_batch else None)
+                                     dynamic_shapes=_dynamic_shapes(example_inputs, module) if dynamic_batch else None)
         except Exception as e:
             e.add_note(f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode. "
                        "Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond.")

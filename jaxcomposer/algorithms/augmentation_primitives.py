@@ -282,12 +282,16 @@ def _from_uint8(u: np.ndarray, dtype: np.dtype, norm, where: str) -> np.ndarray:
     return x.astype(dtype)
 
 
-def _pil_from(u_hwc: np.ndarray) -> Image.Image:
-    # One channel becomes mode 'L' (what torchvision's to_pil_image gives a 1-channel tensor), three 'RGB'.
+def pil_from_hwc(u_hwc: np.ndarray) -> Image.Image:
+    """An ``(H, W, C)`` array as a PIL image. One channel becomes a single-band image (mode ``'L'`` for uint8, what
+    torchvision's ``to_pil_image`` gives a 1-channel tensor), three ``'RGB'``. Shared with the functional forms that
+    take PIL images (:mod:`jaxcomposer.algorithms.functional_io`)."""
     return Image.fromarray(np.ascontiguousarray(u_hwc[..., 0] if u_hwc.shape[-1] == 1 else u_hwc))
 
 
-def _array_from(img: Image.Image, c: int) -> np.ndarray:
+def hwc_from_pil(img: Image.Image, c: int = -1) -> np.ndarray:
+    """A PIL image as an ``(H, W, C)`` array (``C = 1`` for single-band modes), the layout the array code works
+    in; ``c`` checks the channel count when given."""
     a = np.asarray(img)
     return a.reshape(a.shape[0], a.shape[1], c)
 
@@ -321,7 +325,7 @@ def map_images(f_pil: Callable[[Image.Image, np.random.Generator], Image.Image],
                          f"shape {orig.shape}. Flat feature vectors are not images and cannot be augmented.")
     u = _to_uint8(x, norm, where)
     gens = gen.spawn(len(u)) if orig.ndim == 4 else [gen]
-    out = np.stack([_array_from(f_pil(_pil_from(ui), g), c) for ui, g in zip(u, gens)]) if len(u) else u.copy()
+    out = np.stack([hwc_from_pil(f_pil(pil_from_hwc(ui), g), c) for ui, g in zip(u, gens)]) if len(u) else u.copy()
     out = _from_uint8(out, x.dtype, norm, where)
     if channels_first:
         out = np.transpose(out, (0, 3, 1, 2))

@@ -49,6 +49,7 @@ from jaxcomposer.algorithms.augmentation_primitives import (AugmentationFn, desc
                                                             image_data_fn, map_images, resolve_augmentation_set,
                                                             validate_normalization)
 from jaxcomposer.algorithms.randaugment import _check_severity
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["augmix_image", "AugMix"]
@@ -83,9 +84,10 @@ def _augmix_pil(img: Image.Image, rng: np.random.Generator, severity: float, dep
     return Image.fromarray(np.clip(mixed, 0, 255).astype(np.uint8))
 
 
+@functional_form(arrays=("img",), host=True)
 def augmix_image(img: Any, severity: float = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
-                 augmentation_set: str | Sequence[AugmentationFn] = "all", *, rng: Any, data_format: str = "NHWC",
-                 mean=None, std=None) -> Any:
+                 augmentation_set: str | Sequence[AugmentationFn] = "all", *, rng: Any = None,
+                 data_format: str | None = None, mean=None, std=None) -> Any:
     """Composer's ``augmix_image`` with explicit randomness: ``rng`` is a ``numpy.random.Generator``, an int seed or
     a JAX PRNG key.
 

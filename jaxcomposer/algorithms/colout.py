@@ -30,6 +30,13 @@ Composer's does. Inputs without two spatial dims (flat feature vectors) raise a 
 kept rows and columns with ``jnp.take``. Images are NHWC by default (``data_format='NCHW'`` supported). Evaluation
 sees full-size images, as in Composer.
 
+**Functional form.** ``colout_batch(sample, p_row=0.15, p_col=0.15, resize_target='auto', *, key=None,
+data_format=None)``: Composer's positional arguments (``cf.colout_batch(x, 0.2, key=key)`` for Composer's
+``cf.colout_batch(x, 0.2)``), a JAX, numpy or torch array, a PIL image or an ``(input, target)`` pair of them in,
+the same types out; torch tensors are NCHW by default, as Composer's, PIL images ``(H, W, C)``
+(:mod:`jaxcomposer.algorithms.functional_io`). The dropped rows and columns come from the keyword-only ``key``
+instead of numpy's global generator, so a call that drops anything and has no ``key`` raises.
+
 **Reference.** No paper: created by Cory Stephenson at MosaicML (Composer's method card). Composer:
 ``composer/algorithms/colout``.
 """
@@ -38,6 +45,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
@@ -85,13 +93,17 @@ def _drop(x: jax.Array, rows: jax.Array, cols: jax.Array, axes: tuple[int, int])
     return jnp.take(jnp.take(x, rows, axis=axes[0]), cols, axis=axes[1])
 
 
-def colout_batch(sample, key: jax.Array, p_row: float = 0.15, p_col: float = 0.15, resize_target="auto",
-                 data_format: str = "NHWC"):
-    """Composer's ``colout_batch`` with an explicit ``key``: drop the same random rows and columns from an image
-    ``(H, W, C)`` or a batch ``(N, H, W, C)``, and from the target when ``sample`` is an ``(input, target)`` pair and
-    ``resize_target`` says so.
+@functional_form(arrays=("sample",), pil=True)
+def colout_batch(sample, p_row: float = 0.15, p_col: float = 0.15, resize_target="auto", *,
+                 key: jax.Array | None = None, data_format: str | None = None):
+    """Composer's ``colout_batch(sample, p_row=0.15, p_col=0.15, resize_target='auto')``: drop the same random rows
+    and columns from an image ``(H, W, C)`` or a batch ``(N, H, W, C)`` (channels first with
+    ``data_format='NCHW'``, the default for torch tensors) or a PIL image, and from the target when ``sample`` is an
+    ``(input, target)`` pair and ``resize_target`` says so.
 
-    Returns the shrunk input, or ``(input, target)`` when the target was resized too (Composer's return types).
+    The kept rows and columns are drawn from ``key`` (keyword-only), needed unless ``p_row == p_col == 0``.
+    Returns the shrunk input, or ``(input, target)`` when the target was resized too (Composer's return types), in
+    the caller's type (:mod:`jaxcomposer.algorithms.functional_io`).
     """
     if isinstance(sample, (tuple, list)):
         if not 1 <= len(sample) <= 2:
@@ -107,7 +119,10 @@ def colout_batch(sample, key: jax.Array, p_row: float = 0.15, p_col: float = 0.1
                          f"got shape {tuple(input.shape)}; flat feature vectors have no rows or columns to drop.")
     ay, ax = spatial_axes(input.ndim, data_format, "colout")
     h, w = input.shape[ay], input.shape[ax]
-    k_row, k_col = jax.random.split(key)
+    if p_row > 0 or p_col > 0:
+        k_row, k_col = jax.random.split(require_key(key, "colout_batch", "the rows and columns to drop"))
+    else:  # nothing dropped: the sorted "permutation" is the identity whatever the key
+        k_row = k_col = jax.random.key(0)
     rows, cols = _kept_indices(k_row, h, p_row), _kept_indices(k_col, w, p_col)
     out = _drop(input, rows, cols, (ay, ax))
     if target is None or not _should_resize_target(input, target, resize_target, data_format):
@@ -138,15 +153,17 @@ def ColOut(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_
                              "only.")
         resize = y is not None and _should_resize_target(x, y, resize_target, data_format)
         if batch:
-            out = colout_batch((x, y) if resize else x, ctx.key, p_row, p_col, resize, data_format)
+            out = colout_batch((x, y) if resize else x, p_row, p_col, resize, key=ctx.key, data_format=data_format)
         else:
             # Per example: each image draws its own rows and columns from its own key; the kept counts are the same,
             # so the results stack. 'auto' is decided once on the batched target (Composer decides per sample).
             keys = jax.random.split(ctx.key, x.shape[0])
             if resize:
-                out = jax.vmap(lambda k, xi, yi: colout_batch((xi, yi), k, p_row, p_col, True, data_format))(keys, x, y)
+                out = jax.vmap(lambda k, xi, yi: colout_batch((xi, yi), p_row, p_col, True, key=k,
+                                                              data_format=data_format))(keys, x, y)
             else:
-                out = jax.vmap(lambda k, xi: colout_batch(xi, k, p_row, p_col, False, data_format))(keys, x)
+                out = jax.vmap(lambda k, xi: colout_batch(xi, p_row, p_col, False, key=k,
+                                                          data_format=data_format))(keys, x)
         if resize:
             return {**b, input_key: out[0], target_key: out[1]}
         return {**b, input_key: out}

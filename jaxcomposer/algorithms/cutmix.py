@@ -36,6 +36,12 @@ uses them; without those keys (evaluation) it is the identity. Images are NHWC b
 supported). Declares ``exclusive={"interpolates_targets"}``, so ``compose`` raises if any other method of the
 recipe also interpolates targets (MixUp).
 
+**Functional form.** ``cutmix_batch(input, target, length=None, alpha=1.0, bbox=None, indices=None,
+uniform_sampling=False, *, key=None, data_format=None)``: Composer's positional arguments, JAX, numpy or torch
+arrays in, the same type out; torch tensors are NCHW by default, as Composer's
+(:mod:`jaxcomposer.algorithms.functional_io`). The box and permutation come from the keyword-only ``key`` instead of
+Composer's global generators; pass both ``bbox`` and ``indices`` to reproduce a draw of Composer's without one.
+
 **Reference.** Yun et al., "CutMix: Regularization Strategy to Train Strong Classifiers with Localizable
 Features", ICCV 2019 (arXiv:1905.04899). Composer: ``composer/algorithms/cutmix``.
 """
@@ -46,6 +52,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
@@ -107,16 +114,20 @@ def _spatial_target_axes(target: jax.Array, h: int, w: int, data_format: str) ->
     return axes if (target.shape[axes[0]], target.shape[axes[1]]) == (h, w) else None
 
 
-def cutmix_batch(input: jax.Array, target: jax.Array, key: jax.Array | None = None, length: float | None = None,
-                 alpha: float = 1.0, bbox=None, indices: jax.Array | None = None, uniform_sampling: bool = False,
-                 data_format: str = "NHWC"):
-    """Composer's ``cutmix_batch`` with an explicit ``key``: returns ``(mixed_input, target[perm], lam_adj, bbox)``.
+@functional_form(arrays=("input", "target", "bbox", "indices"))
+def cutmix_batch(input: jax.Array, target: jax.Array, length: float | None = None, alpha: float = 1.0, bbox=None,
+                 indices: jax.Array | None = None, uniform_sampling: bool = False, *, key: jax.Array | None = None,
+                 data_format: str | None = None):
+    """Composer's ``cutmix_batch(input, target, length=None, alpha=1.0, bbox=None, indices=None,
+    uniform_sampling=False)``: returns ``(mixed_input, target[perm], lam_adj, bbox)``.
 
     ``lam_adj`` is the fraction of each image left unmixed (the weight of the original targets) and ``bbox`` is
     ``(row_start, col_start, row_end, col_end)`` as int32 scalars. ``bbox`` and ``indices`` (a permutation of
-    ``range(B)``) are drawn from ``key`` when not given; ``key`` may be ``None`` only when both are given.
+    ``range(B)``) are drawn from ``key`` (keyword-only) when not given, so ``key`` is needed unless both are.
     ``length`` (a fraction of ``H`` and of ``W``) fixes the box size instead of drawing it from ``Beta(alpha,
-    alpha)``; it cannot be combined with ``bbox``.
+    alpha)``; it cannot be combined with ``bbox``. Images are NHWC, or NCHW with ``data_format='NCHW'`` (the
+    default for torch tensors); results come back in the caller's type
+    (:mod:`jaxcomposer.algorithms.functional_io`).
     """
     if bbox is not None and length is not None:
         raise ValueError(f"cutmix_batch: cannot provide both length and bbox; got {length} and {bbox}.")
@@ -124,14 +135,14 @@ def cutmix_batch(input: jax.Array, target: jax.Array, key: jax.Array | None = No
         raise ValueError(f"cutmix_batch: alpha must be >= 0, got {alpha}.")
     if length is not None and not 0.0 <= float(length) <= 1.0:
         raise ValueError(f"cutmix_batch: length is a fraction of H and W and must be in [0, 1], got {length}.")
-    if key is None and (bbox is None or indices is None):
-        raise ValueError("cutmix_batch: pass a PRNG `key` unless both `bbox` and `indices` are given.")
+    if bbox is None or indices is None:
+        require_key(key, "cutmix_batch", "the box and the permutation (pass both bbox= and indices= to draw nothing)")
     if input.ndim != 4:
         raise ValueError(f"cutmix_batch: expected a batch of images (4 dims, {data_format}), got shape "
                          f"{tuple(input.shape)}.")
     ay, ax = spatial_axes(input.ndim, data_format, "cutmix")
     h, w = input.shape[ay], input.shape[ax]
-    if key is not None:
+    if bbox is None or indices is None:
         k_lam, k_box, k_perm = jax.random.split(key, 3)
     indices = jax.random.permutation(k_perm, input.shape[0]) if indices is None else jnp.asarray(indices)
     if bbox is None:
@@ -169,8 +180,8 @@ def CutMix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling:
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
         x, y = batch[input_key], batch[target_key]
-        mixed, target_perm, lam, bbox = cutmix_batch(x, y, ctx.key, alpha=alpha, uniform_sampling=uniform_sampling,
-                                                     data_format=data_format)
+        mixed, target_perm, lam, bbox = cutmix_batch(x, y, alpha=alpha, uniform_sampling=uniform_sampling,
+                                                     key=ctx.key, data_format=data_format)
         ay, ax = spatial_axes(x.ndim, data_format, "cutmix")
         h, w = x.shape[ay], x.shape[ax]
         seg_axes = _spatial_target_axes(y, h, w, data_format)

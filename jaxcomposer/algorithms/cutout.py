@@ -21,6 +21,13 @@ per axis, and holes near a border are clipped.
 docs/design.md, "Methods and slots"). The mask is built from ``iota`` comparisons, not dynamic
 slices, so it is jit-friendly with static shapes. Images are NHWC by default (``data_format='NCHW'`` supported).
 
+**Functional form.** ``cutout_batch(input, num_holes=1, length=0.5, uniform_sampling=False, *, key=None,
+data_format=None)``: Composer's positional arguments (``cf.cutout_batch(x, 2, key=key)`` cuts two holes, as
+Composer's ``cf.cutout_batch(x, 2)``), a JAX, numpy or torch array or a PIL image in, the same type out; torch
+tensors are NCHW by default, as Composer's, PIL images ``(H, W, C)`` (:mod:`jaxcomposer.algorithms.functional_io`).
+The hole centres come from the keyword-only ``key`` instead of numpy's global generator, so a call with holes and no
+``key`` raises. Where Composer's ``length`` is always a fraction, an ``int`` here is a side in pixels.
+
 **Reference.** DeVries & Taylor, "Improved Regularization of Convolutional Neural Networks with Cutout", 2017
 (arXiv:1708.04552). Composer: ``composer/algorithms/cutout``.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
@@ -57,16 +65,28 @@ def _hole_mask(y, x, h: int, w: int, side: int) -> jax.Array:
     return (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)
 
 
-def cutout_batch(input: jax.Array, key: jax.Array, num_holes: int = 1, length: float = 0.5,
-                 uniform_sampling: bool = False, data_format: str = "NHWC") -> jax.Array:
-    """Composer's ``cutout_batch`` with an explicit ``key``; one image ``(H, W, C)`` or a batch ``(N, H, W, C)``."""
+@functional_form(arrays=("input",), pil=True)
+def cutout_batch(input: jax.Array, num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = False, *,
+                 key: jax.Array | None = None, data_format: str | None = None) -> jax.Array:
+    """Composer's ``cutout_batch(input, num_holes=1, length=0.5, uniform_sampling=False)``: one image ``(H, W, C)``
+    or a batch ``(N, H, W, C)`` (channels first with ``data_format='NCHW'``, the default for torch tensors), or a
+    PIL image, with ``num_holes`` holes zeroed (one mask for the whole batch).
+
+    The hole centres are drawn from ``key`` (keyword-only), needed when ``num_holes > 0``. Returns the caller's
+    type (:mod:`jaxcomposer.algorithms.functional_io`); with no holes, the input itself.
+    """
     if input.ndim < 3:
         raise ValueError(f"cutout: expected an image (3 dims) or a batch of images (4 dims), got shape {input.shape}.")
     ay, ax = spatial_axes(input.ndim, data_format, "cutout")
     h, w = input.shape[ay], input.shape[ax]
     side = _hole_side(h, w, length)
+    if int(num_holes) != num_holes or num_holes < 0:
+        raise ValueError(f"cutout_batch: num_holes must be a non-negative integer, got {num_holes!r}.")
+    if num_holes == 0:
+        return input
+    require_key(key, "cutout_batch", f"the centres of {num_holes} hole(s)")
     hole = jnp.zeros((h, w), bool)
-    for k in jax.random.split(key, num_holes):
+    for k in jax.random.split(key, int(num_holes)):
         ky, kx = jax.random.split(k)
         if uniform_sampling:  # Python's floor division, as np.random.randint(-length // 2, h + length // 2)
             y = jax.random.randint(ky, (), -side // 2, h + side // 2)
@@ -93,8 +113,8 @@ def CutOut(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = Fal
     spatial_axes(4, data_format, "cutout")  # validate now, not at trace time
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
-        return {**batch, input_key: cutout_batch(batch[input_key], ctx.key, int(num_holes), length,
-                                                 uniform_sampling, data_format)}
+        return {**batch, input_key: cutout_batch(batch[input_key], int(num_holes), length, uniform_sampling,
+                                                 key=ctx.key, data_format=data_format)}
 
     return Method(name="CutOut", batch=batch_fn,
                   description=f"CutOut(num_holes={num_holes}, length={length}, uniform_sampling={uniform_sampling})")

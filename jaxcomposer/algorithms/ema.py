@@ -35,6 +35,13 @@ boundaries stay on the batch count (docs/design.md, "The clock").
 ``update`` as above. ``eval`` slot: ``eval(extra, params, model_state, ctx)`` picks the weights evaluation uses
 (docs/design.md, "Methods and slots").
 
+**Functional form.** ``compute_ema(model, ema_model, smoothing=0.99)`` takes Composer's positional arguments. On
+torch modules it does what Composer's does: the EMA module's parameters and buffers that share a name with the
+model's are updated in place with Composer's expression. One deliberate difference: integer buffers (BatchNorm's
+``num_batches_tracked``) are copied, not averaged: Composer averages them and truncates the result to an integer,
+which stops the counter from counting. On pytrees it is pure and returns the new average (our keyword names are
+``params`` and ``ema_params``).
+
 **Eval and checkpoints.** ``eval`` returns the EMA weights once started, the raw weights before. The EMA lives in
 the train state's method extras, so checkpoints hold both sets and resume is exact (Composer swaps the EMA weights
 into the model for checkpoints instead).
@@ -49,6 +56,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry, PostStep, StepCtx
 from jaxcomposer.core.time import Time, TimeUnit, time_arg
 
@@ -59,11 +67,15 @@ def _is_float(x) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+@functional_form(arrays=("params", "ema_params"), models=("params", "ema_params"))
 def compute_ema(params, ema_params, smoothing: float = 0.99):
-    """Composer's ``compute_ema``, pure: returns ``smoothing * ema + (1 - smoothing) * params`` tree-wise.
+    """Composer's ``compute_ema(model, ema_model, smoothing=0.99)``. On pytrees (JAX, numpy or torch arrays) it is
+    pure: returns ``smoothing * ema + (1 - smoothing) * params`` tree-wise, in the caller's array type.
 
     Only floating leaves are averaged (kept in the EMA leaf's dtype); other leaves (integer counters, PRNG keys)
-    are copied from ``params``, since an average of counts or keys means nothing.
+    are copied from ``params``, since an average of counts or keys means nothing. On torch modules it is Composer's:
+    ``ema_params``'s parameters and buffers are updated in place (through the torch adapter,
+    ``torch_bridge.functional.compute_ema``), and the EMA module is returned.
     """
     def leaf(p, e):
         if not _is_float(e):

@@ -36,6 +36,14 @@ and slots"), so clipping sees the full (accumulated over microbatches) gradient,
 right before the optimizer: Composer's ``AFTER_TRAIN_BATCH``. The clip is stateless and does not depend on the
 step, so it reads nothing from the ctx; rebuilding it inside every step costs nothing.
 
+**Functional form.** ``apply_gradient_clipping(grads, clipping_type, clipping_threshold, params=None, *,
+eps=1e-3, unit_axis=-1)`` is pure on gradient pytrees (JAX, numpy or torch arrays; the caller's type comes back).
+Called as Composer's ``apply_gradient_clipping(model, clipping_type, clipping_threshold, fsdp_enabled)`` on a torch
+module, it clips the module's ``.grad`` in place as Composer's does (its adaptive rule included: no ``eps``, axis 0
+units); ``fsdp_enabled=True`` is refused, since no torch FSDP module runs here. Where Composer's fourth positional
+argument is ``fsdp_enabled``, a pytree call's is ``params`` (the adaptive rule needs them and a pytree has no
+``.grad`` to read them from).
+
 **Reference.** Pascanu et al., "On the difficulty of training recurrent neural networks", ICML 2013
 (arXiv:1211.5063); Brock et al., "High-Performance Large-Scale Image Recognition Without Normalization", ICML 2021
 (arXiv:2102.06171). Composer: ``composer/algorithms/gradient_clipping``.
@@ -46,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["apply_gradient_clipping", "clip_gradients", "unitwise_norm", "GradientClipping"]
@@ -85,12 +94,15 @@ def _agc_leaf(g: jax.Array, p: jax.Array, thr: float, eps: float, unit_axis: int
     return jnp.where(grad_norm > max_norm, clipped, g.astype(jnp.float32)).astype(g.dtype)
 
 
+@functional_form(arrays=("grads", "params"), models=("grads",))
 def apply_gradient_clipping(grads, clipping_type: str, clipping_threshold: float, params=None, *,
                             eps: float = 1e-3, unit_axis: int = -1):
     """Composer's ``apply_gradient_clipping`` on a gradient pytree; returns the clipped pytree.
 
     ``params`` (same structure as ``grads``) is required for ``'adaptive'``; ``eps`` and ``unit_axis`` only matter
-    there (see the module docstring for the layout convention and Composer parity with ``eps=0.0``).
+    there (see the module docstring for the layout convention and Composer parity with ``eps=0.0``). On a torch
+    module it is Composer's ``apply_gradient_clipping(model, clipping_type, clipping_threshold, fsdp_enabled)``:
+    the ``.grad`` of its parameters are clipped in place (``torch_bridge.functional.apply_gradient_clipping``).
     """
     _check(clipping_type, clipping_threshold)
     thr = float(clipping_threshold)

@@ -10,7 +10,18 @@ It changes the loss value (it no longer goes to 0), so compare runs by accuracy,
 for language models.
 
 **Hyperparameters.** ``smoothing`` (default ``0.1``; Composer recipes use ``0.08``-``0.1``): the probability mass
-moved from the true class to the uniform distribution. Must satisfy ``0 <= smoothing < 1``.
+moved from the true class to the uniform distribution, in ``[0, 1]`` as Composer documents it (``1`` ignores the
+targets: every class gets ``1 / C``). Composer does not check the range; values outside it are refused here.
+
+**Exact Composer semantics.** Index or dense targets are told apart by shape, as Composer's
+``infer_target_type``: a target with the logits' shape is dense (one-hot or soft, integer dtype included, so
+integer one-hot rows are smoothed, not encoded again); a target with one dimension fewer holds class indices;
+anything else raises.
+
+**Functional form.** ``smooth_labels(logits, target, smoothing=0.1, *, data_format=None)``: Composer's positional
+arguments, and numpy, JAX or torch arrays in, the same type out (:mod:`jaxcomposer.algorithms.functional_io`). The
+class axis is the last one for JAX and numpy arrays (our layout) and axis 1 for torch tensors (Composer's);
+``data_format='NCHW'`` / ``'NHWC'`` chooses it explicitly. The two agree for ``(N, C)`` logits.
 
 **How it plugs in.** A ``loss`` slot wrapper, ``loss(loss_fn, ctx) -> loss_fn`` (docs/design.md, "Methods and
 slots"; it reads nothing from the ctx): the target under ``target_key`` is replaced by the smoothed dense
@@ -26,29 +37,58 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
-from jaxcomposer.core.model import ensure_targets_one_hot
 
 __all__ = ["smooth_labels", "LabelSmoothing"]
 
 
-def smooth_labels(logits: jax.Array, target: jax.Array, smoothing: float = 0.1) -> jax.Array:
-    """Composer's ``smooth_labels``: dense float targets ``onehot * (1 - smoothing) + smoothing / C``.
+def _class_axis(ndim: int, data_format: str) -> int:
+    if data_format == "NHWC":
+        return ndim - 1
+    if data_format == "NCHW":
+        return min(1, ndim - 1)
+    raise ValueError(f"smooth_labels: data_format must be 'NHWC' (classes on the last axis) or 'NCHW' (classes on "
+                     f"axis 1), got {data_format!r}.")
 
-    ``target`` may be integer class indices (any leading shape) or already dense ``(..., C)`` targets; ``C`` is
-    ``logits.shape[-1]`` (the class axis is last in our layout; Composer's torch layout has it on axis 1).
+
+def _check_smoothing(smoothing, where: str) -> float:
+    if isinstance(smoothing, bool) or not 0.0 <= float(smoothing) <= 1.0:
+        raise ValueError(f"{where}: smoothing is the probability mass moved to the uniform distribution and must be "
+                         f"in [0, 1], got {smoothing!r}.")
+    return float(smoothing)
+
+
+@functional_form(arrays=("logits", "target"))
+def smooth_labels(logits: jax.Array, target: jax.Array, smoothing: float = 0.1, *,
+                  data_format: str | None = None) -> jax.Array:
+    """Composer's ``smooth_labels(logits, target, smoothing=0.1)``: dense float targets
+    ``onehot * (1 - smoothing) + smoothing / C``.
+
+    As Composer decides (``infer_target_type``): a ``target`` of ``logits``' shape is already dense (one-hot or
+    soft, whatever its dtype, so integer one-hot rows are not encoded again); one of one dimension fewer holds class
+    indices. ``C`` is the class axis of ``logits``: the last (``data_format='NHWC'``, our layout) or axis 1
+    (``'NCHW'``, Composer's torch layout, the default for torch tensors); the two agree for ``(N, C)`` logits.
     """
-    targets = ensure_targets_one_hot(logits, target)
-    n_classes = logits.shape[-1]
+    if isinstance(smoothing, (int, float)):  # a traced smoothing (jit over it) is the caller's to check
+        smoothing = _check_smoothing(smoothing, "smooth_labels")
+    axis = _class_axis(logits.ndim, data_format)
+    n_classes = logits.shape[axis]
+    if target.shape == logits.shape:
+        targets = target.astype(jnp.float32)
+    elif target.ndim == logits.ndim - 1:
+        targets = jax.nn.one_hot(target, n_classes, dtype=jnp.float32, axis=axis)
+    else:
+        raise ValueError(f"smooth_labels: target of shape {tuple(target.shape)} is neither dense (the logits' shape "
+                         f"{tuple(logits.shape)}) nor class indices (one dimension fewer than the logits).")
     return targets * (1.0 - smoothing) + smoothing / n_classes
 
 
 def LabelSmoothing(smoothing: float = 0.1, target_key: str = "target") -> Method:
     """Composer's ``LabelSmoothing(smoothing=0.1)`` as a :class:`Method` with a ``loss`` slot."""
-    smoothing = float(smoothing)
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"LabelSmoothing: smoothing must satisfy 0 <= smoothing < 1, got {smoothing}.")
+    smoothing = _check_smoothing(smoothing, "LabelSmoothing")
 
     def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
         del ctx  # static smoothing: the wrapper reads nothing from the step

@@ -45,7 +45,11 @@ it), and every layer must be covered.
 
 :func:`get_layers` lists the layers in freezing order; :func:`freeze_layers` is the functional form (its
 ``param_order=`` takes param paths in forward order or module paths; without it, plain dicts use their insertion
-order, which exists only on the host: inside jit dicts come back with sorted keys).
+order, which exists only on the host: inside jit dicts come back with sorted keys). It takes Composer's positional
+arguments ``(model, optimizers, current_duration, freeze_start, freeze_level)``. On a torch module it is Composer's
+own, in place and in definition order (``requires_grad`` off, params removed from the optimizers; returns
+``(freeze_depth, freeze_percentage)``); on a pytree ``optimizers`` must be None and the frozen set comes back as a
+mask, ``(frozen, freeze_depth, freeze_percentage)``.
 
 **How it plugs in.** ``tx`` slot, ``tx(optax_tx, ctx) -> optax_tx``, built inside every step from that step's ctx
 (docs/design.md, "Methods and slots"): an optax wrapper whose state is only the wrapped optimizer's state
@@ -73,6 +77,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import param_path
 from jaxcomposer.core.time import Time, TimeUnit
@@ -194,18 +199,32 @@ def _depth(current_duration: float, n_layers: int, freeze_start: float, freeze_l
                max(n_layers - 1, 0))
 
 
-def freeze_layers(params: Any, current_duration, freeze_start: float = 0.5, freeze_level: float = 1.0, *,
-                  param_order: Sequence | None = None):
-    """Composer's ``freeze_layers``, pure: returns ``(frozen, freeze_depth, freeze_percentage)``.
+@functional_form(arrays=("params",), models=("params",))
+def freeze_layers(params: Any, optimizers: Any = None, current_duration=None, freeze_start: float = 0.5,
+                  freeze_level: float = 1.0, *, param_order: Sequence | None = None):
+    """Composer's ``freeze_layers(model, optimizers, current_duration, freeze_start=0.5, freeze_level=1.0)``.
 
-    ``frozen`` is a pytree like ``params`` with a bool per leaf (True: frozen), to mask gradients and updates with
-    (``jnp.where(frozen, 0, u)``); Composer instead edits ``requires_grad`` and the optimizer's param groups.
+    On a pytree of params it is pure and returns ``(frozen, freeze_depth, freeze_percentage)``: ``frozen`` is a
+    pytree like ``params`` with a bool per leaf (True: frozen), to mask gradients and updates with
+    (``jnp.where(frozen, 0, u)``); Composer instead edits ``requires_grad`` and the optimizer's param groups, so
+    ``optimizers`` must be None here (an optax optimizer is pure: there is nothing to remove a param from).
     ``current_duration`` is the elapsed fraction of training: a Python number gives Python/numpy results, a traced
     value gives traced ones (computed in float32; the LayerFreezing method avoids that rounding, see the card).
     ``param_order`` gives the layer order: param paths in the order the forward first reads them (what
     ``ctx.model.param_order()`` returns) or module paths, earliest first. Required for ``nnx.State`` params, whose
     keys are sorted; without it a plain dict's insertion order is used (on the host: jit sorts dict keys).
+
+    On a torch module it is Composer's, in place (``torch_bridge.functional.freeze_layers``): ``requires_grad``
+    turned off and the params removed from ``optimizers``; returns ``(freeze_depth, freeze_percentage)``.
     """
+    if current_duration is None:
+        hint = (f" ({optimizers!r} was given as optimizers: the second argument, as in Composer; pass "
+                f"current_duration={optimizers!r})") if isinstance(optimizers, (int, float, jax.Array)) else ""
+        raise TypeError(f"freeze_layers: current_duration (the elapsed fraction of training) is required{hint}.")
+    if optimizers is not None:
+        raise ValueError(f"freeze_layers: optimizers must be None for a pytree of params, got {optimizers!r}: an "
+                         "optax optimizer is pure, so nothing can be removed from it; mask gradients and updates "
+                         "with the returned `frozen` tree instead (the LayerFreezing method does both).")
     _check(freeze_start, freeze_level)
     ranked, index = _layers(params, None if param_order is None else _as_paths(param_order))
     n = len(ranked)

@@ -21,6 +21,13 @@ along axis 0 stay correct, ``batch['mixup/target_perm']`` (the permuted targets)
 identity. Declares ``exclusive={"interpolates_targets"}``, so ``compose`` raises if any other method of the
 recipe also interpolates targets (CutMix).
 
+**Functional form.** ``mixup_batch(input, target, mixing=None, alpha=0.2, indices=None, *, key=None)``: Composer's
+positional arguments (``cf.mixup_batch(x, y, 0.3, key=key)`` mixes by 0.3 as Composer's ``cf.mixup_batch(x, y,
+0.3)``), JAX, numpy or torch arrays in, the same type out (:mod:`jaxcomposer.algorithms.functional_io`). One
+deliberate difference: Composer draws ``mixing`` and the permutation from numpy's and torch's global generators,
+ours from the keyword-only ``key``, so a call without ``key`` raises unless both ``mixing`` and ``indices`` are
+given (which reproduces any draw of Composer's exactly).
+
 **Reference.** Zhang et al., "mixup: Beyond Empirical Risk Minimization", ICLR 2018 (arXiv:1710.09412).
 Composer: ``composer/algorithms/mixup``.
 """
@@ -31,6 +38,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
@@ -48,20 +56,25 @@ def _gen_mixing_coef(key: jax.Array, alpha: float) -> jax.Array:
     return jnp.minimum(z, 1.0 - z)
 
 
-def mixup_batch(input: jax.Array, target: jax.Array, key: jax.Array | None = None, mixing=None, alpha: float = 0.2,
-                indices: jax.Array | None = None):
-    """Composer's ``mixup_batch`` with an explicit ``key``: returns ``(mixed_input, target[perm], mixing)``.
+@functional_form(arrays=("input", "target", "mixing", "indices"))
+def mixup_batch(input: jax.Array, target: jax.Array, mixing=None, alpha: float = 0.2,
+                indices: jax.Array | None = None, *, key: jax.Array | None = None):
+    """Composer's ``mixup_batch(input, target, mixing=None, alpha=0.2, indices=None)``: returns ``(mixed_input,
+    target[perm], mixing)`` with ``mixed_input = (1 - mixing) * input + mixing * input[perm]``.
 
-    ``mixing`` (a scalar) and ``indices`` (a permutation of ``range(B)``) are drawn from ``key`` when not given;
-    ``key`` may be ``None`` only when both are given.
+    ``mixing`` (a scalar) and ``indices`` (a permutation of ``range(B)``) are drawn from ``key`` (keyword-only)
+    when not given, so ``key`` is needed unless both are. Arrays come back in the caller's type
+    (:mod:`jaxcomposer.algorithms.functional_io`); ``mixing`` is returned as a 0-d array of that type.
     """
     if alpha < 0:
         raise ValueError(f"mixup_batch: alpha must be >= 0, got {alpha}.")
-    if key is None and (mixing is None or indices is None):
-        raise ValueError("mixup_batch: pass a PRNG `key` unless both `mixing` and `indices` are given.")
-    if key is not None:
+    if mixing is None or indices is None:
+        require_key(key, "mixup_batch", "the mixing coefficient and the permutation (pass both mixing= "
+                                        "and indices= to draw nothing)")
         k_mix, k_perm = jax.random.split(key)
     mixing = _gen_mixing_coef(k_mix, alpha) if mixing is None else jnp.asarray(mixing, jnp.float32)
+    if mixing.ndim != 0:
+        raise ValueError(f"mixup_batch: mixing must be a scalar, got an array of shape {mixing.shape}.")
     indices = jax.random.permutation(k_perm, input.shape[0]) if indices is None else jnp.asarray(indices)
     # Integer images cannot hold a blend; everything else mixes in its own dtype (bf16 stays bf16).
     dtype = input.dtype if jnp.issubdtype(input.dtype, jnp.floating) else jnp.float32
@@ -84,7 +97,7 @@ def MixUp(alpha: float = 0.2, interpolate_loss: bool = False, input_key: str = "
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
         x = batch[input_key]
-        mixed, target_perm, lam = mixup_batch(x, batch[target_key], ctx.key, alpha=alpha)
+        mixed, target_perm, lam = mixup_batch(x, batch[target_key], alpha=alpha, key=ctx.key)
         return {**batch, input_key: mixed, TARGET_PERM_KEY: target_perm,
                 MIXING_KEY: jnp.full((x.shape[0],), lam, jnp.float32)}
 

@@ -42,6 +42,12 @@ a missing stage. Evaluation always sees full-size images. Composer's scale follo
 which for ``max_duration`` in epochs only advances at epoch ends; here it advances every batch (same buckets,
 reached at batch rather than epoch granularity). See docs/design.md, "Methods and slots" and "The clock".
 
+**Functional form.** ``resize_batch(input, target, scale_factor, mode='resize', resize_targets=False, *, key=None,
+data_format=None, interpolation='nearest')``: Composer's positional arguments, JAX, numpy or torch arrays in, the
+same type out; torch tensors are NCHW by default, as Composer's (:mod:`jaxcomposer.algorithms.functional_io`). Only
+``mode='crop'`` draws (its window, from the keyword-only ``key``, where Composer uses torch's global generator); a
+factor >= 1 returns the caller's own objects.
+
 **Reference.** Howard & Gugger, fastai's progressive resizing (fastbook, chapter 7, 2020); Touvron et al., "Fixing
 the train-test resolution discrepancy", NeurIPS 2019 (arXiv:1906.06423). Composer:
 ``composer/algorithms/progressive_resizing``.
@@ -55,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
@@ -128,15 +135,19 @@ def _index_target_axes(target: jax.Array, data_format: str) -> tuple[int, int]:
     return (1, 2) if target.ndim == 3 else spatial_axes(4, data_format, "resize_batch")
 
 
-def resize_batch(input: jax.Array, target: jax.Array, scale_factor: float, mode: str = "resize",
-                 resize_targets: bool = False, key: jax.Array | None = None, data_format: str = "NHWC",
+@functional_form(arrays=("input", "target"))
+def resize_batch(input: jax.Array, target: jax.Array | None, scale_factor: float, mode: str = "resize",
+                 resize_targets: bool = False, *, key: jax.Array | None = None, data_format: str | None = None,
                  interpolation: str = "nearest") -> tuple[jax.Array, jax.Array]:
-    """Composer's ``resize_batch``: returns ``(input, target)`` shrunk by ``scale_factor`` (static, a Python float).
+    """Composer's ``resize_batch(input, target, scale_factor, mode='resize', resize_targets=False)``: returns
+    ``(input, target)`` shrunk by ``scale_factor`` (static, a Python float).
 
     ``mode='resize'`` interpolates (``interpolation='nearest'`` as Composer, or ``'bilinear'``); ``mode='crop'``
-    keeps one random window for the whole batch, drawn from ``key``. ``input`` is ``(N, H, W, C)`` (or ``(N, C, H,
-    W)`` with ``data_format='NCHW'``); with ``resize_targets``, ``target`` is an ``(N, H, W)`` label map or a 4-D
-    tensor in the same layout. A factor >= 1 returns both unchanged.
+    keeps one random window for the whole batch, drawn from ``key`` (keyword-only, needed for ``'crop'`` only).
+    ``input`` is ``(N, H, W, C)``, or ``(N, C, H, W)`` with ``data_format='NCHW'`` (the default for torch tensors);
+    with ``resize_targets``, ``target`` is an ``(N, H, W)`` label map or a 4-D tensor in the same layout. A factor
+    >= 1 returns both unchanged (the caller's own objects, as Composer's); results come back in the caller's type
+    (:mod:`jaxcomposer.algorithms.functional_io`).
     """
     if mode not in _VALID_MODES:
         raise ValueError(f"resize_batch: mode must be one of {_VALID_MODES}, got {mode!r}.")
@@ -164,8 +175,7 @@ def resize_batch(input: jax.Array, target: jax.Array, scale_factor: float, mode:
             target = _interpolate(target, t_axes, scale_factor, "nearest")
         return out, target
 
-    if key is None:
-        raise ValueError("resize_batch: mode='crop' draws a random window; pass a PRNG `key`.")
+    require_key(key, "resize_batch", "the position of the window mode='crop' keeps")
     hc, wc = int(scale_factor * h), int(scale_factor * w)
     k_top, k_left = jax.random.split(key)
     top = jax.random.randint(k_top, (), 0, h - hc)

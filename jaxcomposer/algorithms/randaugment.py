@@ -42,6 +42,7 @@ from PIL import Image
 from jaxcomposer.algorithms.augmentation_primitives import (AugmentationFn, describe_augmentation_set,
                                                             image_data_fn, map_images, resolve_augmentation_set,
                                                             validate_normalization)
+from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["randaugment_image", "RandAugment"]
@@ -67,9 +68,10 @@ def _randaugment_pil(img: Image.Image, rng: np.random.Generator, severity: float
     return img
 
 
+@functional_form(arrays=("img",), host=True)
 def randaugment_image(img: Any, severity: float = 9, depth: int = 2,
-                      augmentation_set: str | Sequence[AugmentationFn] = "all", *, rng: Any,
-                      data_format: str = "NHWC", mean=None, std=None) -> Any:
+                      augmentation_set: str | Sequence[AugmentationFn] = "all", *, rng: Any = None,
+                      data_format: str | None = None, mean=None, std=None) -> Any:
     """Composer's ``randaugment_image`` with explicit randomness: ``rng`` is a ``numpy.random.Generator``, an int
     seed or a JAX PRNG key.
 

@@ -61,11 +61,19 @@ sorts first (outermost) wherever it is listed, like Composer's ``sort_selective_
 wrappers (SAM) see the pruned batch. With gradient accumulation the kept count must divide by the number of
 microbatches. See docs/design.md, "Methods and slots" and "The clock".
 
+**Functional form.** ``select_using_loss(input, target, model, loss_fun, keep=0.5, scale_factor=1.0, *, key=None,
+data_format=None)``: Composer's positional arguments, JAX, numpy or torch arrays in, the same type out
+(:mod:`jaxcomposer.algorithms.functional_io`). With torch tensors, ``model`` and ``loss_fun`` are the caller's torch
+callables, run under ``torch.no_grad()`` on NCHW tensors (the default layout for torch), and ``loss_fun`` is called
+with ``reduction='none'`` when it takes that keyword, as Composer calls it. The draw comes from the keyword-only
+``key`` (Composer: numpy's global generator), needed unless ``keep`` keeps the whole batch.
+
 **Reference.** Jiang et al., "Accelerating Deep Learning by Focusing on the Biggest Losers", 2019
 (arXiv:1910.00762). Composer: ``composer/algorithms/selective_backprop``.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -73,6 +81,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["should_selective_backprop", "select_using_loss", "SelectiveBackprop"]
@@ -155,20 +164,40 @@ def _selection_indices(losses: jax.Array, key: jax.Array, keep: float) -> jax.Ar
     return jnp.sort(ascending[ranks])
 
 
-def select_using_loss(input: jax.Array, target: jax.Array, model: Callable[[jax.Array], jax.Array],
-                      loss_fun: Callable[[jax.Array, jax.Array], jax.Array], key: jax.Array, keep: float = 0.5,
-                      scale_factor: float = 1.0, data_format: str = "NHWC") -> tuple[jax.Array, jax.Array]:
-    """Composer's ``select_using_loss`` with an explicit ``key``: returns ``(input[idx], target[idx])``.
+def _per_example_losses(loss_fun: Callable, outputs, target) -> jax.Array:
+    """``loss_fun``'s per-example losses. A loss that takes ``reduction`` (torch's ``F.cross_entropy``, which a
+    Composer user passes) is called as Composer calls it, with ``reduction='none'``; others must return ``(B,)``."""
+    try:
+        takes_reduction = "reduction" in inspect.signature(loss_fun).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        takes_reduction = False
+    return loss_fun(outputs, target, reduction="none") if takes_reduction else loss_fun(outputs, target)
 
-    ``model(x) -> outputs``; ``loss_fun(outputs, target) -> (B,)`` per-example losses (no ``reduction``
-    argument: per-example is the convention here). The scoring pass sees ``input`` downscaled by
-    ``scale_factor`` (spatial axes per ``data_format``); its losses carry no gradient.
+
+@functional_form(arrays=("input", "target"), callables=("model", "loss_fun"))
+def select_using_loss(input: jax.Array, target: jax.Array, model: Callable[[jax.Array], jax.Array],
+                      loss_fun: Callable[[jax.Array, jax.Array], jax.Array], keep: float = 0.5,
+                      scale_factor: float = 1.0, *, key: jax.Array | None = None,
+                      data_format: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """Composer's ``select_using_loss(input, target, model, loss_fun, keep=0.5, scale_factor=1)``: returns
+    ``(input[idx], target[idx])``, the examples kept in batch order.
+
+    ``model(x) -> outputs``; ``loss_fun(outputs, target)`` returns ``(B,)`` per-example losses (called with
+    ``reduction='none'`` when it takes that keyword, as Composer calls it). The scoring pass sees ``input``
+    downscaled by ``scale_factor`` (spatial axes per ``data_format``; NCHW by default for torch tensors); its losses
+    carry no gradient. The draw comes from ``key`` (keyword-only), needed unless ``keep`` keeps the whole batch.
+    With torch tensors, ``model`` and ``loss_fun`` are the caller's torch callables, run under ``torch.no_grad()``
+    (:mod:`jaxcomposer.algorithms.functional_io`).
     """
     _check_keep(keep, "select_using_loss")
     _check_scale(scale_factor, "select_using_loss")
     _check_format(data_format, "select_using_loss")
+    if _num_selected(input.shape[0], keep) < input.shape[0]:
+        require_key(key, "select_using_loss", "which examples to keep, with probability by loss rank")
+    else:  # every example is kept, in batch order: no draw
+        return input, target
     scaled = _downscale(input, scale_factor, data_format) if scale_factor < 1 else input
-    losses = jax.lax.stop_gradient(loss_fun(model(scaled), target))
+    losses = jax.lax.stop_gradient(_per_example_losses(loss_fun, model(scaled), target))
     idx = _selection_indices(losses, key, keep)
     return input[idx], target[idx]
 

@@ -23,13 +23,34 @@ class Adapter(NamedTuple):
     ``to_loader(obj, name)``: the framework's data loader as an iterable of numpy batches, or None when ``obj`` is
     not one (``name`` is the argument, for error messages). ``surgery``: method name -> ``fn(module, **kwargs)``,
     the framework-level surgery a ``model``-slot method runs before conversion (see each method's card for the
-    keywords and return value).
+    keywords and return value). ``to_task(obj)``: a model that carries its own loss (Composer's ``ComposerModel``
+    protocol) as a ready :class:`jaxcomposer.core.model.Task`, or None for a bare model (the Trainer then treats
+    it as a classifier).
+
+    The rest serve ``jaxcomposer.functional`` called with the framework's own objects (a Composer user's torch loop;
+    :mod:`jaxcomposer.algorithms.functional_io`). ``is_array(obj)``: whether ``obj`` is the framework's array type.
+    ``to_array(x)``: that array as a ``jax.Array``, sharing memory (DLPack) where device and dtype allow; it must not
+    record gradients. ``from_array(like, array, dtype_like=None)``: a ``jax.Array`` (or numpy array) as the
+    framework's array on ``like``'s device, in ``dtype_like``'s dtype when given (a 64-bit input JAX narrowed).
+    ``data_format``: the image layout the framework's arrays use by convention (``'NCHW'`` for torch), the default
+    of the functional forms' ``data_format`` for its arrays. ``no_grad()``: a context in which calls into the
+    framework record no gradients (Composer scores examples under ``torch.no_grad()``). ``functional``: functional
+    form name -> its implementation on the framework's models, for the forms that act on a model rather than on
+    arrays (``compute_ema`` updates a torch EMA module in place, as Composer's does); called with the caller's
+    arguments as given.
     """
 
     is_model: Callable[[Any], bool]
     to_pure_model: Callable[[Any, Any], Any]
     to_loader: Callable[[Any, str], Any] | None = None
     surgery: Mapping[str, Callable] = {}
+    to_task: Callable[[Any], Any] | None = None
+    is_array: Callable[[Any], bool] | None = None
+    to_array: Callable[[Any], Any] | None = None
+    from_array: Callable[..., Any] | None = None
+    data_format: str = "NHWC"
+    no_grad: Callable[[], Any] | None = None
+    functional: Mapping[str, Callable] = {}
 
 
 @functools.cache
@@ -60,6 +81,24 @@ def is_foreign_model(obj: Any) -> bool:
     """Whether ``obj`` is another framework's model (a torch ``nn.Module``) that an adapter converts."""
     adapter = adapter_for(obj)
     return adapter is not None and adapter.is_model(obj)
+
+
+def as_task(model: Any) -> Any:
+    """``model`` as a Task when its framework's adapter recognises a model with its own loss, else None."""
+    adapter = adapter_for(model)
+    return None if adapter is None or adapter.to_task is None else adapter.to_task(model)
+
+
+def array_adapter(obj: Any) -> Adapter | None:
+    """The adapter whose framework ``obj`` is an array of (a torch tensor), or None."""
+    adapter = adapter_for(obj)
+    return adapter if adapter is not None and adapter.is_array is not None and adapter.is_array(obj) else None
+
+
+def model_adapter(obj: Any) -> Adapter | None:
+    """The adapter whose framework ``obj`` is a model of (a torch ``nn.Module``), or None."""
+    adapter = adapter_for(obj)
+    return adapter if adapter is not None and adapter.is_model(obj) else None
 
 
 def surgery(method: str, model: Any) -> Callable | None:

@@ -228,8 +228,9 @@ def soft_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
 
 
 def ensure_targets_one_hot(logits: jax.Array, target: jax.Array, num_classes: int | None = None) -> jax.Array:
-    """Composer's ``ensure_targets_one_hot``: integer targets become float one-hot over the last logit axis."""
-    if jnp.issubdtype(target.dtype, jnp.integer):
+    """Composer's ``ensure_targets_one_hot``: class indices become float one-hot over the last logit axis. As in
+    Composer, the shape decides: targets shaped like the logits are already dense (integer one-hot included)."""
+    if target.shape != logits.shape:
         n = num_classes if num_classes is not None else logits.shape[-1]
         return jax.nn.one_hot(target, n, dtype=jnp.float32)
     return target.astype(jnp.float32)

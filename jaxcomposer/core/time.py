@@ -13,11 +13,19 @@ import re
 from enum import Enum
 from typing import Any, Union
 
-__all__ = ["TimeUnit", "Time", "Timestamp", "to_batches"]
+from jaxcomposer.errors import MissingTimeUnitError, TimeInputError, TimeInputTypeError  # noqa: F401 (re-exported)
+
+__all__ = [
+    "TimeUnit", "Time", "Timestamp", "Count", "to_batches", "TimeInputError", "MissingTimeUnitError", "TimeInputTypeError",
+]
 
 
 class TimeUnit(str, Enum):
-    """Units of training time. ``str`` subclass so that ``TimeUnit('ep') == 'ep'`` as in Composer."""
+    """Units of training time. ``str`` subclass so that ``TimeUnit('ep') == 'ep'`` as in Composer.
+
+    As Composer's ``StringEnum``, a unit is looked up case-insensitively by value or name (``TimeUnit('EP')``,
+    ``TimeUnit('epoch')``); an unknown string raises ``ValueError`` and a value that is not a string ``TypeError``.
+    """
 
     ITERATION = "iter"
     EPOCH = "ep"
@@ -27,29 +35,46 @@ class TimeUnit(str, Enum):
     DURATION = "dur"
     SECOND = "sec"
 
+    @classmethod
+    def _missing_(cls, value: object):
+        if isinstance(value, str):
+            for unit in cls:
+                if value.lower() in (unit.value, unit.name.lower()):
+                    return unit
+            return None  # Enum raises ValueError
+        raise TypeError(f"A time unit must be a str or TimeUnit, got {value!r} of type {type(value).__name__}.")
+
 
 _VALID_UNITS = ", ".join(f"'{u.value}'" for u in TimeUnit)
 _EXAMPLES = "'10ep', '500ba', '0.5dur', '3e4tok' or '1h20m40s'"
 # Longest units first so that 'sec' is not read as 's' and 'sp' is not cut short.
 _UNIT_PATTERN = "|".join(sorted((re.escape(u.value) for u in TimeUnit), key=len, reverse=True))
-_NUMBER = r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+_DIGITS = r"[0-9](?:_?[0-9])*"  # underscores only between digits, as Python's int() and float() take them
+_NUMBER = rf"[-+]?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:e[-+]?{_DIGITS})?"
 _TIME_RE = re.compile(rf"^({_NUMBER})({_UNIT_PATTERN})$", re.IGNORECASE)
 _WALL_CLOCK_RE = re.compile(r"^(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$", re.IGNORECASE)
 
 
 def _coerce_value(value: Any, unit: TimeUnit) -> Union[int, float]:
-    """Durations are fractions (float); every other unit counts whole things, so its value must be integral."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Time value must be an int or float, got {value!r} of type {type(value).__name__}.")
+    """Composer's rule: a ``dur`` value is ``float(value)`` (and fails as ``float()`` fails: ``ValueError`` for a
+    bad string, ``TypeError`` for a non-number); every other unit counts whole things and takes an ``int`` only, so
+    ``Time(3.0, 'ba')`` is a ``TypeError``, as in Composer."""
+    if isinstance(value, bool):  # deliberate: Composer takes True as 1; a bool here is always a mistake
+        raise TypeError(f"Time value must be a number, got the bool {value!r}.")
     if unit == TimeUnit.DURATION:
-        return float(value)
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise TypeError(
-                f"Time value {value!r} with unit '{unit.value}' must be an integer; only 'dur' allows fractions "
-                f"(e.g. '0.5dur')."
-            )
-        return int(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError) as e:  # same type as Composer's float(value)
+            raise type(e)(
+                f"Time value {value!r} of type {type(value).__name__} with unit 'dur' must be a number, the fraction "
+                f"of the run (e.g. 0.5)."
+            ) from None
+    if not isinstance(value, int):
+        whole = isinstance(value, float) and value.is_integer()
+        hint = f"; write {int(value)}" if whole else "; only 'dur' allows fractions (e.g. '0.5dur')"
+        raise TypeError(
+            f"Time value {value!r} of type {type(value).__name__} with unit '{unit.value}' must be an int{hint}."
+        )
     return int(value)
 
 
@@ -58,13 +83,29 @@ class Time:
 
     Arithmetic mirrors Composer: ``+``, ``-``, ``%`` and comparisons need the same unit (plain numbers are taken
     in this unit); ``*`` takes a number or a ``dur`` Time; ``Time / Time`` gives a ``dur``.
+
+    Invalid input raises Composer's exception types (``composer/core/time.py``):
+
+    - ``Time(value, unit)``: an unknown unit string is a ``ValueError``, a unit that is not a string a ``TypeError``;
+      a non-``int`` value for a counting unit (``Time(1.5, 'ep')``, also ``Time(3.0, 'ba')``) a ``TypeError``; a
+      ``dur`` value goes through ``float()`` and raises what it raises (``Time('x', 'dur')``: ``ValueError``).
+    - ``from_timestring``: a non-string is a ``TypeError``; an unparseable string a ``ValueError``; a fractional
+      count (``'1.5ep'``) a ``TypeError``.
+    - ``from_input``: a bare number without ``default_int_unit``, or a value of another type (``None``, a list), is
+      a ``RuntimeError``. These are raised as :class:`TimeInputError`, a ``RuntimeError`` that is also the
+      ``ValueError``/``TypeError`` this module raised before, so either ``except`` catches it.
+
+    Deliberate differences, all on input Composer takes by accident: a ``bool`` is refused as a value (Composer
+    reads ``True`` as 1); ``from_timestring`` strips surrounding whitespace, and refuses ``''`` (Composer reads it
+    as ``0sec``) and numbers that overflow to infinity (``'1e400dur'``); integer counts are parsed exactly (Composer
+    goes through ``float``, which rounds beyond 2**53).
     """
 
     __slots__ = ("_value", "_unit")
 
     def __init__(self, value: Union[int, float], unit: Union[TimeUnit, str]):
         try:
-            unit = TimeUnit(unit)
+            unit = TimeUnit(unit)  # TypeError for a non-string, as Composer's StringEnum
         except ValueError:
             raise ValueError(f"Unknown time unit {unit!r}; valid units are {_VALID_UNITS}.") from None
         object.__setattr__(self, "_unit", unit)
@@ -111,44 +152,86 @@ class Time:
         return cls(second, TimeUnit.SECOND)
 
     @classmethod
-    def from_timestring(cls, timestring: str) -> "Time":
-        """Parse '10ep', '500ba', '0.5dur', '3_0e10sp' (underscores, scientific notation) or '1h20m40s'."""
+    def from_timedelta(cls, timestring: str) -> "Time":
+        """Parse a wall-clock time 'XhYmZs' (any part may be left out: '2h', '5m', '1h30s') into seconds.
+
+        As Composer, which reads it with ``strptime('%Hh%Mm%Ss')``: hours 0-23, minutes 0-59, seconds 0-59, at
+        most two digits each; anything else is a ``ValueError`` (write longer times as seconds, '5400sec')."""
         if not isinstance(timestring, str):
             raise TypeError(f"timestring must be a str, got {timestring!r} of type {type(timestring).__name__}.")
-        text = timestring.strip().replace("_", "")
-        match = _TIME_RE.match(text)
-        if match is not None:
-            number, unit = match.groups()
-            unit = TimeUnit(unit.lower())
-            # int() first keeps big integer counts exact; float only when a fraction or exponent is written.
-            value = int(number) if re.fullmatch(r"-?[0-9]+", number) else float(number)
-            return cls(value, unit)
+        text = timestring.strip()
+        wall = _WALL_CLOCK_RE.match(text)
+        if not text or wall is None or not any(wall.groups()):
+            raise ValueError(f"Cannot parse wall-clock time {timestring!r}: expected 'XhYmZs' such as '1h20m40s'.")
+        parts = [g or "0" for g in wall.groups()]
+        hours, minutes, seconds = (int(g) for g in parts)
+        if any(len(g) > 2 for g in parts) or hours > 23 or minutes > 59 or seconds > 59:
+            raise ValueError(
+                f"Cannot parse wall-clock time {timestring!r}: Composer reads 'XhYmZs' with hours 0-23, minutes "
+                f"0-59 and seconds 0-59 (at most 2 digits each); write it in seconds instead: "
+                f"'{hours * 3600 + minutes * 60 + seconds}sec'."
+            )
+        return cls(hours * 3600 + minutes * 60 + seconds, TimeUnit.SECOND)
+
+    @classmethod
+    def from_timestring(cls, timestring: str) -> "Time":
+        """Parse '10ep', '500ba', '0.5dur', '3_0e10sp' (underscores, scientific notation) or '1h20m40s'.
+
+        A non-string is a ``TypeError``, an unparseable string a ``ValueError``, and a count with a fractional
+        part ('1.5ep', '0.1sec') a ``TypeError``, as in Composer; an integral one ('2.0ep', '3e4tok') is an int."""
+        if not isinstance(timestring, str):
+            raise TypeError(f"timestring must be a str, got {timestring!r} of type {type(timestring).__name__}.")
+        text = timestring.strip()
         wall = _WALL_CLOCK_RE.match(text)
         if text and wall is not None and any(wall.groups()):
-            hours, minutes, seconds = (int(g) if g else 0 for g in wall.groups())
-            return cls(hours * 3600 + minutes * 60 + seconds, TimeUnit.SECOND)
-        raise ValueError(
-            f"Cannot parse time string {timestring!r}: expected a number followed by one of the units "
-            f"{_VALID_UNITS} (e.g. {_EXAMPLES})."
-        )
+            return cls.from_timedelta(text)
+        match = _TIME_RE.match(text)
+        if match is None:
+            raise ValueError(
+                f"Cannot parse time string {timestring!r}: expected a number followed by one of the units "
+                f"{_VALID_UNITS} (e.g. {_EXAMPLES})."
+            )
+        number, unit = match.groups()
+        unit = TimeUnit(unit.lower())
+        try:
+            value: Union[int, float] = int(number)  # exact for big counts, where float would round
+        except ValueError:
+            value = float(number)  # a fraction or an exponent
+            if not math.isfinite(value):
+                raise ValueError(f"Cannot parse time string {timestring!r}: {number} is not a finite number.")
+        if unit != TimeUnit.DURATION and isinstance(value, float):
+            if not value.is_integer():
+                raise TypeError(
+                    f"Time string {timestring!r}: the value {number} with unit '{unit.value}' must be an integer; "
+                    f"only 'dur' allows fractions (e.g. '0.5dur')."
+                )
+            value = int(value)
+        return cls(value, unit)
 
     @classmethod
     def from_input(
         cls, i: Union[str, int, float, "Time"], default_int_unit: Union[TimeUnit, str, None] = None
     ) -> "Time":
-        """Accept what users write: a Time, a time string, or a bare number in ``default_int_unit``."""
+        """Accept what users write: a Time, a time string, or a bare number in ``default_int_unit``.
+
+        As Composer, a bare number without ``default_int_unit`` and a value of any other type are a
+        ``RuntimeError`` (:class:`TimeInputError`); a string or number that is not a valid time raises what
+        ``from_timestring`` or ``Time(...)`` raise (``ValueError``/``TypeError``)."""
         if isinstance(i, Time):
             return i
         if isinstance(i, str):
             return cls.from_timestring(i)
         if isinstance(i, (int, float)) and not isinstance(i, bool):
             if default_int_unit is None:
-                raise ValueError(
+                raise MissingTimeUnitError(
                     f"Got the bare number {i!r} as a time but no default_int_unit to interpret it; "
                     f"pass a time string such as {_EXAMPLES}."
                 )
             return cls(i, default_int_unit)
-        raise TypeError(f"Cannot convert {i!r} of type {type(i).__name__} to Time; expected Time, str or int.")
+        raise TimeInputTypeError(
+            f"Cannot convert {i!r} of type {type(i).__name__} to Time; expected a Time, a time string such as "
+            f"{_EXAMPLES}, or an int with default_int_unit."
+        )
 
     def to_timestring(self) -> str:
         return f"{self.value}{self.unit.value}"
@@ -286,12 +369,86 @@ _COUNTERS = (
     "batch_in_epoch", "sample_in_epoch", "token_in_epoch",
 )
 _WCT = ("total_wct", "iteration_wct", "epoch_wct", "batch_wct")
+_COUNTER_UNITS = {
+    "iteration": TimeUnit.ITERATION, "epoch": TimeUnit.EPOCH, "batch": TimeUnit.BATCH, "sample": TimeUnit.SAMPLE,
+    "token": TimeUnit.TOKEN, "epoch_in_iteration": TimeUnit.EPOCH, "token_in_iteration": TimeUnit.TOKEN,
+    "batch_in_epoch": TimeUnit.BATCH, "sample_in_epoch": TimeUnit.SAMPLE, "token_in_epoch": TimeUnit.TOKEN,
+}
+
+
+class Count(int):
+    """A Timestamp counter: an ``int`` (for arithmetic, comparisons, indexing and JSON) that also reads as the
+    :class:`Time` Composer's ``Timestamp`` fields are: ``.value`` and ``.unit``, and every other Time attribute
+    (``to_timestring()``, ...). So a Composer user's ``state.timestamp.epoch.value`` works unchanged, and our own
+    code keeps plain integer arithmetic (whose results are plain ints)."""
+
+    def __new__(cls, value: int, unit: Union[TimeUnit, str]):
+        obj = super().__new__(cls, value)
+        obj._unit = TimeUnit(unit)
+        return obj
+
+    @property
+    def value(self) -> int:
+        return int(self)
+
+    @property
+    def unit(self) -> TimeUnit:
+        return self._unit
+
+    def as_time(self) -> "Time":
+        return Time(int(self), self._unit)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_unit":
+            raise AttributeError(name)
+        return getattr(self.as_time(), name)
+
+    def __reduce__(self):
+        return Count, (int(self), self._unit.value)
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def _counter(value: Any, name: str) -> Count:
+    """A Timestamp counter given as Composer takes it (``Time.from_input(value, unit)``: an int, a Time or a time
+    string in the counter's unit), stored as a :class:`Count`. A Time in another unit is Composer's ``ValueError``."""
+    unit = _COUNTER_UNITS[name]
+    if type(value) is int or type(value) is Count:  # the common case (every to_next_batch), without building a Time
+        return Count(value, unit)
+    if isinstance(value, bool):  # deliberate, as Time: Composer would count True as 1
+        raise TypeError(f"Timestamp.{name} must be an int or a Time in '{unit.value}', got the bool {value!r}.")
+    try:
+        t = Time.from_input(value, unit)
+    except (TypeError, ValueError, RuntimeError) as e:  # keep the type Composer raises; name the field
+        raise type(e)(f"Timestamp.{name}: {e}") from None
+    if t.unit != unit:
+        raise ValueError(
+            f"Timestamp.{name}: the `{name}` argument has units of '{t.unit.value}' ({t.to_timestring()!r}); "
+            f"not '{unit.value}'. Pass an int or a Time in '{unit.value}'."
+        )
+    return Count(int(t.value), unit)
 
 
 @dataclasses.dataclass(frozen=True)
 class Timestamp:
     """Progress of a run. Immutable: the trainer swaps in the result of ``to_next_batch`` etc., so callbacks that
-    keep a reference see a consistent snapshot rather than counters that move under them."""
+    keep a reference see a consistent snapshot rather than counters that move under them.
+
+    The constructor and :meth:`copy` take each counter as Composer's do: an ``int``, a :class:`Time` in the
+    counter's unit (``timestamp.copy(epoch=Time(0, 'ep'))``) or a time string (``'3ep'``). A Time in another unit
+    is a ``ValueError`` and a fractional value a ``TypeError``, as in Composer. Wall-clock fields take a
+    ``datetime.timedelta`` or seconds; ``None`` is zero in the constructor and "keep" in :meth:`copy`.
+
+    Where we differ from Composer, deliberately:
+
+    - counters are stored and read as plain ``int`` (Composer's properties return ``Time[int]``); ``get(unit)``
+      gives the Time, and ``timestamp.epoch == 1`` holds in both;
+    - no field can be assigned: Composer's Timestamp is immutable except for an ``epoch_in_iteration`` setter and
+      an in-place ``load_state_dict``. Write ``ts = ts.copy(epoch_in_iteration=2)`` and
+      ``ts = ts.load_state_dict(d)`` (which returns the loaded Timestamp) instead;
+    - a ``bool`` counter is refused (Composer counts ``True`` as 1).
+    """
 
     iteration: int = 0
     epoch: int = 0
@@ -310,11 +467,10 @@ class Timestamp:
 
     def __post_init__(self):
         for name in _COUNTERS:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"Timestamp.{name} must be an int, got {v!r} of type {type(v).__name__}.")
+            object.__setattr__(self, name, _counter(getattr(self, name), name))
         for name in _WCT:
-            object.__setattr__(self, name, _td(getattr(self, name), name))
+            v = getattr(self, name)
+            object.__setattr__(self, name, _ZERO if v is None else _td(v, name))
 
     def get(self, unit: Union[TimeUnit, str, Time]) -> Time:
         """The counter for ``unit`` as a Time. ``dur`` needs ``max_duration``, which a Timestamp does not know."""
@@ -334,29 +490,39 @@ class Timestamp:
         }[unit]
         return Time(field, unit)
 
-    # Comparisons against a Time, as Composer's ``state.timestamp < t_warmup``.
-    def _as(self, other: Any) -> tuple[Time, Time]:
-        other = Time.from_input(other)
+    # Comparisons against a Time or a time string, as Composer's ``state.timestamp < t_warmup``; anything else
+    # (a bare int) is unordered, a TypeError, as in Composer.
+    def _as(self, other: Any) -> tuple[Time, Time] | None:
+        if not isinstance(other, (Time, str)):
+            return None
+        other = Time.from_timestring(other) if isinstance(other, str) else other
         return self.get(other.unit), other
 
     def __lt__(self, other):
-        a, b = self._as(other)
-        return a < b
+        pair = self._as(other)
+        return NotImplemented if pair is None else pair[0] < pair[1]
 
     def __le__(self, other):
-        a, b = self._as(other)
-        return a <= b
+        pair = self._as(other)
+        return NotImplemented if pair is None else pair[0] <= pair[1]
 
     def __gt__(self, other):
-        a, b = self._as(other)
-        return a > b
+        pair = self._as(other)
+        return NotImplemented if pair is None else pair[0] > pair[1]
 
     def __ge__(self, other):
-        a, b = self._as(other)
-        return a >= b
+        pair = self._as(other)
+        return NotImplemented if pair is None else pair[0] >= pair[1]
 
     def copy(self, **changes: Any) -> "Timestamp":
-        return dataclasses.replace(self, **changes)
+        """A new Timestamp with ``changes`` applied; as Composer's ``copy``, a field given as ``None`` keeps its
+        value, and counters take an ``int``, a Time in their unit or a time string."""
+        unknown = set(changes) - set(_COUNTERS) - set(_WCT)
+        if unknown:
+            raise TypeError(
+                f"Timestamp.copy() got unknown field(s) {sorted(unknown)}; expected names from {_COUNTERS + _WCT}."
+            )
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_next_batch(
         self, samples: int = 0, tokens: int = 0, duration: datetime.timedelta | None = None

@@ -11,7 +11,15 @@ Scale schedule ratio (SSR), as Composer's ``_convert_time``: the trainer passes 
 ``ssr``; a ``dur`` argument is a fraction of that scaled length and is not scaled again, while every other argument
 is converted to batches and multiplied by ``ssr``. Warmups are scaled only when ``scale_warmup=True``.
 
-Where Composer's code and its intent disagree we follow the intent, and say so:
+Fail fast, as Composer: ``schedule()`` runs Composer's argument checks before anything is traced or compiled, and
+its errors name the scheduler and the argument. The warmup schedulers with a ``t_max`` refuse t_warmup and t_max
+in different units (after Composer's conversion, which gives 'dur' the unit of ``max_duration``) and a t_max
+shorter than ``max_duration`` (so ``t_max='0.75dur'`` is refused); see ``_Warmup``. Pass ``max_duration`` (as
+written, already scaled) to ``schedule()`` for the exact rules of a run measured in 'sp' or 'tok'; without it the
+run is taken to be ``max_batches`` batches.
+
+Where Composer's code and its intent disagree we follow the intent, and say so (ConstantWithWarmupScheduler is
+the exception: it follows Composer's code and holds ``alpha`` after t_max, where Composer's docstring says 1.0):
 - fractions of ``t_max`` are clipped to [0, 1] in every scheduler (Composer clips only some of them; unclipped,
   cosine would rise again and a fractional polynomial power would give NaN after ``t_max``);
 - with ``scale_warmup=True`` the scaled warmup length is used everywhere (Composer compares the step with the
@@ -58,6 +66,7 @@ class _Context:
     ssr: float
     batch_size: int | None
     tokens_per_batch: int | None
+    max_duration: Time  # as the run wrote it (already scaled by ssr); Time(max_batches, 'ba') when not given
 
     def batches(self, t: Time, *, scale: bool = True) -> int:
         """Composer's ``_convert_time``: ``dur`` is relative to the already-scaled max duration, others get ssr."""
@@ -68,6 +77,28 @@ class _Context:
             batch_size=self.batch_size, tokens_per_batch=self.tokens_per_batch,
         )
         return int(n * self.ssr) if scale else n
+
+    def composer_time(self, t: Time, name: str, *, scale: bool = True) -> Time:
+        """``t`` as Composer's ``_convert_time`` leaves it, in the unit Composer compares it in: 'dur' becomes the
+        unit of max_duration ('ba' when that is 'ep'), 'ep' becomes 'ba', other units stay; then all but 'dur'
+        are scaled by ssr when ``scale``. This decides the warmup schedulers' unit checks."""
+        if t.unit == TimeUnit.SECOND:
+            raise ValueError(f"{name}={t.to_timestring()!r}: wall clock time ('sec') is not an allowed time unit "
+                             f"for a scheduler; use 'ba', 'ep', 'sp', 'tok' or 'dur'.")
+        md = self.max_duration
+        if t.unit == TimeUnit.DURATION:
+            if md.unit == TimeUnit.EPOCH:
+                return Time(int(t.value * self._steps_per_epoch(t, name) * md.value), TimeUnit.BATCH)
+            return Time(int(t.value * md.value), md.unit)
+        if t.unit == TimeUnit.EPOCH:
+            t = Time(t.value * self._steps_per_epoch(t, name), TimeUnit.BATCH)
+        return Time(int(t.value * self.ssr), t.unit) if scale else t
+
+    def _steps_per_epoch(self, t: Time, name: str) -> int:
+        if self.steps_per_epoch is None:
+            raise ValueError(f"Cannot convert {name}={t.to_timestring()!r} to batches: steps_per_epoch is None; "
+                             f"pass steps_per_epoch.")
+        return self.steps_per_epoch
 
 
 _EXAMPLES = "'1dur', '8ep' or '100ba'"  # time strings a scheduler's error shows
@@ -113,13 +144,22 @@ class ComposerScheduler:
         ssr: float = 1.0,
         batch_size: int | None = None,
         tokens_per_batch: int | None = None,
+        max_duration: Time | str | None = None,
     ) -> Schedule:
-        """Compile to ``alpha(step)``. ``max_batches`` is the run length in batches, already multiplied by ssr."""
+        """Compile to ``alpha(step)``. ``max_batches`` is the run length in batches, already multiplied by ssr.
+
+        ``max_duration`` is the run's length as written (also already scaled by ssr, as Composer's
+        ``state.max_duration``): its unit is the one 'dur' arguments take in Composer's checks, so a warmup
+        scheduler is checked exactly as Composer checks it. ``None`` means ``Time(max_batches, 'ba')``, which
+        gives the same checks as a run measured in 'ba' or 'ep'. The checks run here, before anything is traced
+        or compiled, and name the scheduler and the argument."""
         if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches <= 0:
             raise ValueError(f"max_batches must be a positive int (the run length in batches), got {max_batches!r}.")
         if not ssr > 0:
             raise ValueError(f"ssr (scale_schedule_ratio) must be > 0, got {ssr!r}.")
-        ctx = _Context(max_batches, steps_per_epoch, float(ssr), batch_size, tokens_per_batch)
+        md = _max_duration(max_duration, max_batches, steps_per_epoch)
+        ctx = _Context(max_batches, steps_per_epoch, float(ssr), batch_size, tokens_per_batch, md)
+        self._check(ctx)
         fn = self._build(ctx)
 
         def alpha(step) -> jnp.ndarray:
@@ -127,8 +167,26 @@ class ComposerScheduler:
 
         return alpha
 
+    def _check(self, ctx: _Context) -> None:
+        """Composer's fail-fast checks of the arguments against the run; none for most schedulers."""
+
     def _build(self, ctx: _Context) -> Schedule:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _max_duration(max_duration: Time | str | None, max_batches: int, steps_per_epoch: int | None) -> Time:
+    if max_duration is None:
+        return Time(max_batches, TimeUnit.BATCH)
+    md = time_arg(max_duration, "max_duration", "'10ep' or '1000ba'", TypeError)
+    if md.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN) or md.value <= 0:
+        raise ValueError(f"max_duration={md.to_timestring()!r}: expected a positive time in 'ep', 'ba', 'sp' or "
+                         f"'tok', such as '10ep' or '1000ba'.")
+    in_batches = md.value if md.unit == TimeUnit.BATCH else (
+        md.value * steps_per_epoch if md.unit == TimeUnit.EPOCH and steps_per_epoch is not None else None)
+    if in_batches is not None and in_batches != max_batches:
+        raise ValueError(f"max_duration={md.to_timestring()!r} is {in_batches} batches but max_batches={max_batches}; "
+                         f"pass the same run length in both (both already scaled by ssr).")
+    return md
 
 
 def compose_schedules(schedulers: Sequence[ComposerScheduler], **schedule_kwargs) -> Schedule:
@@ -296,7 +354,51 @@ class PolynomialScheduler(ComposerScheduler):
 
 
 class _Warmup(ComposerScheduler):
-    """Linear warmup from 0 over t_warmup batches, then ``_after(t, t_warmup_batches)``."""
+    """Linear warmup from 0 over t_warmup batches, then ``_after(t, t_warmup_batches)``.
+
+    Composer's checks, run by ``schedule()`` before anything is compiled, for the schedulers with a ``t_max``
+    (Composer's ``_raise_if_warmup_and_max_incompatible`` and ``_raise_if_max_duration_exceeds_t_max``; Composer's
+    MultiStepWithWarmupScheduler has neither):
+
+    1. after Composer's conversion ('dur' takes the unit of max_duration, or 'ba' when that is 'ep'; 'ep' becomes
+       'ba'), t_warmup and t_max must have the same unit. So t_warmup='10ba' with t_max='1dur' is refused when
+       max_duration is in 'sp' or 'tok', and accepted when it is in 'ba' or 'ep';
+    2. t_max, scaled by ssr, must be >= max_duration when the two are comparable (the same unit, or t_max in 'ba'
+       and max_duration in 'ep'); units that cannot be compared are not checked. So t_max='0.75dur' is always
+       refused, and '1dur' always accepted.
+
+    Composer does not refuse a warmup longer than t_max or max_duration (the multiplier ramps for the whole run,
+    and after t_max, when reached, is the post-warmup value at fraction 0); we compute the same and warn.
+    """
+
+    def _check(self, ctx: _Context) -> None:
+        if not hasattr(self, "t_max"):
+            return
+        name = type(self).__name__
+        t_w = ctx.composer_time(self.t_warmup, "t_warmup", scale=False)
+        t_max = ctx.composer_time(self.t_max, "t_max")
+        md = ctx.max_duration
+        if t_w.unit != t_max.unit:
+            raise ValueError(
+                f"{name}: Cannot use warmup scheduler with t_max={self.t_max.to_timestring()!r} (in "
+                f"'{t_max.unit.value}' after conversion) and t_warmup={self.t_warmup.to_timestring()!r} (in "
+                f"'{t_w.unit.value}'): t_warmup and t_max must use the same units. A 'dur' time takes the unit of "
+                f"max_duration={md.to_timestring()!r} ('ba' if that is in 'ep') and 'ep' becomes 'ba'; give "
+                f"t_warmup in '{t_max.unit.value}'" + (" or 'dur'." if self.t_max.unit == TimeUnit.DURATION else ".")
+            )
+        if t_max.unit == md.unit:
+            limit = md.value
+        elif t_max.unit == TimeUnit.BATCH and md.unit == TimeUnit.EPOCH and ctx.steps_per_epoch is not None:
+            limit = md.value * ctx.steps_per_epoch
+        else:
+            return  # Composer cannot compare the units either, and does not check
+        if t_max.value < limit:
+            raise ValueError(
+                f"{name}: t_max={self.t_max.to_timestring()!r} is {t_max.to_timestring()!r} after conversion, "
+                f"less than max_duration={md.to_timestring()!r} ({limit}{t_max.unit.value}); t_max must be greater "
+                f"than or equal to max_duration, otherwise the LR schedule is not defined for the entire training "
+                f"duration. Use t_max='1dur' (the default) or a later time."
+            )
 
     def _warmup_batches(self, ctx: _Context) -> int:
         t_w = ctx.batches(self.t_warmup, scale=self.scale_warmup)
@@ -304,24 +406,19 @@ class _Warmup(ComposerScheduler):
             warnings.warn(
                 f"{type(self).__name__}: t_warmup={self.t_warmup.to_timestring()!r} is 0 batches, so there is "
                 f"no warmup; use the scheduler without warmup if that is intended.",
-                stacklevel=3,
+                stacklevel=4,
             )
         return t_w
 
-    def _check_warmup(self, t_w: int, t_max: int, limit_name: str) -> None:
-        if t_w > t_max:
-            raise ValueError(
-                f"{type(self).__name__}: t_warmup={self.t_warmup.to_timestring()!r} ({t_w} batches) must be <= "
-                f"{limit_name} ({t_max} batches)."
-            )
-
-    def _check_t_max_covers_run(self, ctx: _Context) -> None:
-        # Composer refuses a t_max shorter than max_duration: the LR would sit at alpha_f for the rest of the run.
-        raw = ctx.batches(self.t_max, scale=False) if self.t_max.unit != TimeUnit.DURATION else ctx.max_batches
-        if raw < ctx.max_batches:
-            raise ValueError(
-                f"{type(self).__name__}: t_max={self.t_max.to_timestring()!r} ({raw} batches) is shorter than "
-                f"max_duration ({ctx.max_batches} batches); set t_max >= max_duration, e.g. '1dur'."
+    def _warn_if_warmup_outlasts(self, t_w: int, ctx: _Context, t_max: int | None = None) -> None:
+        limit, limit_name = (t_max, "t_max") if t_max is not None and t_max <= ctx.max_batches else (
+            ctx.max_batches, "max_duration")
+        if t_w > limit:
+            warnings.warn(
+                f"{type(self).__name__}: t_warmup={self.t_warmup.to_timestring()!r} ({t_w} batches) is longer than "
+                f"{limit_name} ({limit} batches), so the warmup does not finish before it. Composer accepts this, "
+                f"and so do we; shorten t_warmup if it is not intended.",
+                stacklevel=4,
             )
 
     @staticmethod
@@ -346,14 +443,19 @@ class MultiStepWithWarmupScheduler(_Warmup):
 
     def _build(self, ctx):
         t_w = self._warmup_batches(ctx)
-        self._check_warmup(t_w, ctx.max_batches, "max_duration")
+        self._warn_if_warmup_outlasts(t_w, ctx)
         steps = MultiStepScheduler(self.milestones, self.gamma)._build(ctx)
         return lambda step: self._warm(step, t_w, 1.0, steps(step))
 
 
 @dataclasses.dataclass(frozen=True)
 class ConstantWithWarmupScheduler(_Warmup):
-    """Warmup 0 -> alpha over t_warmup, then alpha until t_max, then 1 (ConstantScheduler's rule)."""
+    """Warmup 0 -> alpha over t_warmup, then alpha, also after t_max.
+
+    As Composer's code, which is ``LinearWithWarmupScheduler(t_warmup, alpha_i=alpha, alpha_f=alpha, t_max)``:
+    the same checks of t_warmup, t_max and max_duration, and ``alpha`` after t_max (Composer's docstring says 1.0
+    after t_max, but its code returns alpha; since t_max must be >= max_duration, only the last step or a t_max in
+    a unit not comparable with max_duration can get there)."""
 
     t_warmup: TimeLike
     alpha: float = 1.0
@@ -361,10 +463,10 @@ class ConstantWithWarmupScheduler(_Warmup):
     scale_warmup: bool = False
 
     def _build(self, ctx):
-        t_w = self._warmup_batches(ctx)
-        self._check_warmup(t_w, ctx.batches(self.t_max), "t_max")
-        const = ConstantScheduler(self.alpha, self.t_max)._build(ctx)
-        return lambda step: self._warm(step, t_w, self.alpha, const(step))
+        t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
+        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+        alpha = self.alpha
+        return lambda step: self._warm(step, t_w, alpha, jnp.float32(alpha))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,8 +481,7 @@ class LinearWithWarmupScheduler(_Warmup):
 
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._check_warmup(t_w, t_max, "t_max")
-        self._check_t_max_covers_run(ctx)
+        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
         a_i, a_f = self.alpha_i, self.alpha_f
 
         def fn(step):
@@ -401,8 +502,7 @@ class CosineAnnealingWithWarmupScheduler(_Warmup):
 
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._check_warmup(t_w, t_max, "t_max")
-        self._check_t_max_covers_run(ctx)
+        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
         a_f = self.alpha_f
 
         def fn(step):
@@ -424,8 +524,7 @@ class PolynomialWithWarmupScheduler(_Warmup):
 
     def _build(self, ctx):
         t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._check_warmup(t_w, t_max, "t_max")
-        self._check_t_max_covers_run(ctx)
+        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
         a_f, power = self.alpha_f, self.power
 
         def fn(step):

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import inspect
@@ -139,6 +140,7 @@ class Trainer(ReadsPlan):
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
         self.host_schedulers = [sch for sch in schedulers if not hasattr(sch, "schedule")]
         self._host_lr = 1.0
+        self.task = model  # (the plan may count tokens with it; surgery below replaces it)
         self._replan(max_duration)
         # surgery first: on a torch module it runs before export
         self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
@@ -193,9 +195,13 @@ class Trainer(ReadsPlan):
         loader. The schedule and the methods' static facts are baked into the compiled step, so a new plan drops
         the compiled steps."""
         steps_per_epoch = _len_or_none(self.train_dataloader, self.train_subset_num_batches)
-        self.plan = RunPlan(max_duration, self._total_steps(max_duration, steps_per_epoch), steps_per_epoch)
+        batch_size, tokens_per_batch = self._batch_facts(max_duration)
+        self.plan = RunPlan(max_duration, self._total_steps(max_duration, steps_per_epoch, batch_size,
+                                                            tokens_per_batch), steps_per_epoch)
         alpha = compose_schedules(self.schedulers, max_batches=self.plan.total_steps,
-                                  steps_per_epoch=steps_per_epoch, ssr=self.scale_schedule_ratio)
+                                  max_duration=self.plan.max_duration, steps_per_epoch=steps_per_epoch,
+                                  ssr=self.scale_schedule_ratio, batch_size=batch_size,
+                                  tokens_per_batch=tokens_per_batch)
         self.build_tx = steps.make_base_tx(self.optimizer, alpha, self.composed)
         # jitted: LRMonitor may ask every batch
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
@@ -566,12 +572,24 @@ class Trainer(ReadsPlan):
                 f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "
                 f"multiple of the device count {self.num_devices}.")
 
-    def _total_steps(self, md: Time | None, steps_per_epoch: int | None) -> int:
+    def _batch_facts(self, max_duration: Time | None) -> tuple[int | None, int | None]:
+        """Samples and tokens per batch, for durations in ``sp``/``tok`` (run length, schedulers): the loader's
+        ``batch_size``, and the task's token count of the first batch (read only when a ``tok`` time needs it)."""
+        batch_size = getattr(self.train_dataloader, "batch_size", None)
+        times = [max_duration] + [getattr(sch, f.name) for sch in self.schedulers
+                                  for f in dataclasses.fields(sch) if dataclasses.is_dataclass(sch)]
+        wants_tokens = any(_in_tokens(t) for t in times)
+        if not wants_tokens or self.train_dataloader is None:
+            return batch_size, None
+        return batch_size, (self.task.num_tokens(self._example_batch()) or None)
+
+    def _total_steps(self, md: Time | None, steps_per_epoch: int | None, batch_size: int | None,
+                     tokens_per_batch: int | None) -> int:
         if md is None:
             return 1
-        batch_size = getattr(self.train_dataloader, "batch_size", None)
         try:
-            return max(1, to_batches(md, steps_per_epoch=steps_per_epoch, max_batches=None, batch_size=batch_size))
+            return max(1, to_batches(md, steps_per_epoch=steps_per_epoch, max_batches=None, batch_size=batch_size,
+                                     tokens_per_batch=tokens_per_batch))
         except ValueError as e:
             raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
 
@@ -605,6 +623,15 @@ def _as_loader(loader, name: str):
     adapter = adapters.adapter_for(loader)
     converted = None if adapter is None or adapter.to_loader is None else adapter.to_loader(loader, name)
     return loader if converted is None else converted
+
+
+def _in_tokens(t: Any) -> bool:
+    if not isinstance(t, (Time, str)):
+        return False
+    try:
+        return Time.from_input(t).unit == TimeUnit.TOKEN
+    except (TypeError, ValueError):
+        return False
 
 
 def _scale(t: Time, ssr: float) -> Time:

@@ -25,7 +25,7 @@ def _decode(out):
 
 
 def _jit_colout(**kw):
-    return jax.jit(lambda s, k: colout_batch(s, k, **kw))
+    return jax.jit(lambda s, k: colout_batch(s, key=k, **kw))
 
 
 # (1) functional numerics ----------------------------------------------------------------------------------------
@@ -38,8 +38,8 @@ def _jit_colout(**kw):
 ])
 def test_kept_counts_match_composer(h, w, p_row, p_col, kept_h, kept_w, key):
     assert int((1 - p_row) * h) == kept_h and int((1 - p_col) * w) == kept_w  # Composer's formula
-    out = jax.eval_shape(lambda x, k: colout_batch(x, k, p_row, p_col), jax.ShapeDtypeStruct((2, h, w, 3), jnp.float32),
-                         key)
+    out = jax.eval_shape(lambda x, k: colout_batch(x, p_row, p_col, key=k),
+                         jax.ShapeDtypeStruct((2, h, w, 3), jnp.float32), key)
     assert out.shape == (2, kept_h, kept_w, 3)
 
 
@@ -59,13 +59,13 @@ def test_keeps_sorted_rows_and_cols_shared_by_batch_and_channels(key):
 
 def test_identity_and_empty(key):
     x = jax.random.normal(key, (2, 5, 7, 3))
-    np.testing.assert_array_equal(colout_batch(x, key, p_row=0.0, p_col=0.0), x)
-    assert colout_batch(x, key, p_row=1.0, p_col=0.0).shape == (2, 0, 7, 3)  # Composer keeps int(0 * H) rows too
+    np.testing.assert_array_equal(colout_batch(x, p_row=0.0, p_col=0.0, key=key), x)
+    assert colout_batch(x, p_row=1.0, p_col=0.0, key=key).shape == (2, 0, 7, 3)  # Composer keeps int(0 * H) rows too
 
 
 def test_every_row_is_eventually_dropped_and_kept(key):
     x = _coded_images(1, 8, 8, 1)
-    f = jax.jit(jax.vmap(lambda k: colout_batch(x, k, 0.25, 0.25)))
+    f = jax.jit(jax.vmap(lambda k: colout_batch(x, 0.25, 0.25, key=k)))
     rows = _decode(f(jax.random.split(key, 400)))[1][:, 0, :, 0, 0]  # (draws, 6)
     freq = np.bincount(rows.ravel(), minlength=8) / 400
     np.testing.assert_allclose(freq, 6 / 8, atol=0.08)  # a uniform choice of 6 of 8 rows
@@ -104,7 +104,7 @@ def test_resize_target(key):
                                                 key)
     np.testing.assert_array_equal(jnp.transpose(m_nchw, (0, 2, 3, 1)), jax.nn.one_hot(x_out[..., 0] % 3, 3))
     with pytest.raises(ValueError, match="spatial size"):
-        colout_batch((x, labels), key, resize_target=True)
+        colout_batch((x, labels), resize_target=True, key=key)
 
 
 def test_errors(key):
@@ -113,7 +113,7 @@ def test_errors(key):
         with pytest.raises(ValueError, match=next(iter(kw))):
             ColOut(**kw)
     with pytest.raises(ValueError, match="flat feature vectors"):
-        colout_batch(jnp.zeros((4, 64)), key)
+        colout_batch(jnp.zeros((4, 64)), key=key)
     with pytest.raises(ValueError, match="images only"):
         ColOut().batch({"input": jnp.zeros((4, 64)), "target": jnp.zeros((4,), jnp.int32)}, make_ctx(0, key))
 
@@ -123,7 +123,7 @@ def test_errors(key):
 def test_batch_slot(key):
     batch = {"input": _coded_images(4, 8, 8), "target": jnp.arange(4)}
     out = ColOut().batch(batch, make_ctx(0, key))
-    np.testing.assert_array_equal(out["input"], colout_batch(batch["input"], key))  # its own ctx.key, defaults
+    np.testing.assert_array_equal(out["input"], colout_batch(batch["input"], key=key))  # its own ctx.key, defaults
     np.testing.assert_array_equal(out["target"], batch["target"])  # labels are not spatial
     seg = {"input": batch["input"], "target": batch["input"][..., 0]}
     out = ColOut().batch(seg, make_ctx(0, key))

@@ -77,7 +77,7 @@ def test_mask_paste_equals_slice_paste(key):
 def test_lambda_is_adjusted_to_the_clipped_box(key):
     x = _distinct_images(4, 8, 8)
     perm = jnp.array([1, 2, 3, 0])  # no fixed points: every pasted pixel changes
-    draw = jax.jit(jax.vmap(lambda k: cutmix_batch(x, jnp.arange(4), k, indices=perm)))
+    draw = jax.jit(jax.vmap(lambda k: cutmix_batch(x, jnp.arange(4), indices=perm, key=k)))
     mixed, _, lams, bboxes = draw(jax.random.split(key, 256))
     changed = np.asarray((mixed != x[None]).sum((2, 3, 4)))  # (draws, B)
     bboxes = np.stack([np.asarray(b) for b in bboxes], axis=1)
@@ -92,7 +92,7 @@ def test_lambda_is_adjusted_to_the_clipped_box(key):
 
 def test_alpha_zero_cuts_a_full_size_box(key):
     x = _distinct_images(2, 8, 8)
-    draw = jax.jit(jax.vmap(lambda k: jnp.stack(cutmix_batch(x, jnp.arange(2), k, alpha=0.0)[3])))
+    draw = jax.jit(jax.vmap(lambda k: jnp.stack(cutmix_batch(x, jnp.arange(2), alpha=0.0, key=k)[3])))
     bboxes = draw(jax.random.split(key, 64))
     r1, c1, r2, c2 = np.asarray(bboxes).T
     # A box of side 8 centred inside the image always reaches a border and covers at least half of each axis.
@@ -102,7 +102,7 @@ def test_alpha_zero_cuts_a_full_size_box(key):
 
 def test_length_fixes_the_box_side(key):
     x = _distinct_images(2, 8, 12)
-    draw = jax.jit(jax.vmap(lambda k: jnp.stack(cutmix_batch(x, jnp.arange(2), k, length=0.5)[3])))
+    draw = jax.jit(jax.vmap(lambda k: jnp.stack(cutmix_batch(x, jnp.arange(2), length=0.5, key=k)[3])))
     boxes = np.asarray(draw(jax.random.split(key, 256)))
     heights, widths = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     assert heights.max() == 4 and widths.max() == 6  # int(0.5 * 8), int(0.5 * 12); clipped ones are smaller
@@ -114,7 +114,7 @@ def test_uniform_sampling_covers_corners_evenly(key):
     keys = jax.random.split(key, 4000)
     for uniform in (False, True):
         def covered(k):
-            r1, c1, r2, c2 = cutmix_batch(x, jnp.arange(2), k, length=0.5, uniform_sampling=uniform)[3]
+            r1, c1, r2, c2 = cutmix_batch(x, jnp.arange(2), length=0.5, uniform_sampling=uniform, key=k)[3]
             rows, cols = jnp.arange(8)[:, None], jnp.arange(8)[None, :]
             return (rows >= r1) & (rows < r2) & (cols >= c1) & (cols < c2)
 
@@ -129,7 +129,7 @@ def test_uniform_sampling_covers_corners_evenly(key):
 def test_key_determinism_layouts_and_dtypes(key):
     x = jax.random.normal(key, (4, 6, 5, 3))
     y = jnp.arange(4)
-    nhwc = jax.jit(cutmix_batch)
+    nhwc = jax.jit(lambda x, y, k: cutmix_batch(x, y, key=k))
     a = nhwc(x, y, key)
     b = nhwc(x, y, key)
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
@@ -137,7 +137,8 @@ def test_key_determinism_layouts_and_dtypes(key):
     c = nhwc(x, y, jax.random.fold_in(key, 1))
     assert not np.array_equal(a[0], c[0])
     assert sorted(np.asarray(a[1]).tolist()) == list(range(4))  # a permutation of the targets
-    nchw = jax.jit(lambda x, y, k: cutmix_batch(x, y, k, data_format="NCHW"))(jnp.transpose(x, (0, 3, 1, 2)), y, key)
+    nchw = jax.jit(lambda x, y, k: cutmix_batch(x, y, key=k, data_format="NCHW"))(jnp.transpose(x, (0, 3, 1, 2)), y,
+                                                                                   key)
     np.testing.assert_array_equal(jnp.transpose(nchw[0], (0, 2, 3, 1)), a[0])
     assert float(nchw[2]) == float(a[2])
     ints = (x * 50).astype(jnp.uint8)
@@ -152,11 +153,11 @@ def test_errors(key):
         CutMix(data_format="HWC")
     x = jnp.zeros((2, 4, 4, 1))
     with pytest.raises(ValueError, match="both length and bbox"):
-        cutmix_batch(x, jnp.arange(2), key, length=0.5, bbox=(0, 0, 1, 1))
+        cutmix_batch(x, jnp.arange(2), length=0.5, bbox=(0, 0, 1, 1), key=key)
     with pytest.raises(ValueError, match="key"):
         cutmix_batch(x, jnp.arange(2), bbox=(0, 0, 1, 1))
     with pytest.raises(ValueError, match="4 dims"):
-        cutmix_batch(jnp.zeros((2, 16)), jnp.arange(2), key)
+        cutmix_batch(jnp.zeros((2, 16)), jnp.arange(2), key=key)
 
 
 # The Method: batch slot + loss slot --------------------------------------------------------------------------------
@@ -165,7 +166,8 @@ def test_batch_slot_and_target_interpolation(key):
     m = CutMix(alpha=1.0)
     batch = make_batch(key, batch_size=6)
     out = jax.jit(lambda b, k: m.batch(b, make_ctx(0, k)))(batch, key)
-    expected_x, expected_perm, lam, _ = jax.jit(cutmix_batch)(batch["input"], batch["target"], key)
+    draw = jax.jit(lambda x, y, k: cutmix_batch(x, y, key=k))
+    expected_x, expected_perm, lam, _ = draw(batch["input"], batch["target"], key)
     np.testing.assert_array_equal(out["input"], expected_x)  # the slot uses the method's own ctx.key
     np.testing.assert_array_equal(out[TARGET_PERM_KEY], expected_perm)
     np.testing.assert_array_equal(out[LAMBDA_KEY], np.full((6,), float(lam), np.float32))
@@ -213,7 +215,7 @@ def test_segmentation_targets_are_pasted(key):
     x = jax.random.normal(key, (4, 6, 6, 2))
     masks = jax.random.randint(key, (4, 6, 6), 0, 3)
     out = CutMix().batch({"input": x, "target": masks}, make_ctx(0, key))
-    _, perm_masks, _, bbox = cutmix_batch(x, masks, key)
+    _, perm_masks, _, bbox = cutmix_batch(x, masks, key=key)
     r1, c1, r2, c2 = (int(v) for v in bbox)
     expected = np.array(masks)
     expected[:, r1:r2, c1:c2] = np.asarray(perm_masks)[:, r1:r2, c1:c2]

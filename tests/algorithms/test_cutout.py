@@ -42,14 +42,14 @@ def test_mask_matches_composer_slicing():
 
 def test_identity_length_zero(key):
     x = jax.random.normal(key, (2, 6, 6, 3))
-    np.testing.assert_array_equal(cutout_batch(x, key, length=0.0), x)
-    np.testing.assert_array_equal(cutout_batch(x, key, length=0), x)
-    np.testing.assert_array_equal(cutout_batch(x, key, num_holes=0), x)
+    np.testing.assert_array_equal(cutout_batch(x, length=0.0, key=key), x)
+    np.testing.assert_array_equal(cutout_batch(x, length=0, key=key), x)
+    np.testing.assert_array_equal(cutout_batch(x, num_holes=0, key=key), x)
 
 
 def test_one_mask_for_batch_and_channels(key):
     x = jnp.ones((3, 8, 8, 2))
-    out = cutout_batch(x, key, length=0.5)  # side int(8 * 0.5) = 4
+    out = cutout_batch(x, length=0.5, key=key)  # side int(8 * 0.5) = 4
     zeros = np.asarray(out == 0)
     assert (zeros == zeros[:1, :, :, :1]).all()  # same holes in every image and channel
     assert 0 < zeros[0, :, :, 0].sum() <= 16
@@ -58,19 +58,19 @@ def test_one_mask_for_batch_and_channels(key):
 def test_length_units(key):
     x = jnp.ones((1, 10, 6, 1))
     # int(min(10, 6) * 0.5) = 3 (odd: covers at most 2x2); an int length is pixels.
-    assert int((cutout_batch(x, key, length=0.5) == 0).sum()) <= 4
-    counts = jax.vmap(lambda k: (cutout_batch(x, k, length=4) == 0).sum())(jax.random.split(key, 64))
+    assert int((cutout_batch(x, length=0.5, key=key) == 0).sum()) <= 4
+    counts = jax.vmap(lambda k: (cutout_batch(x, length=4, key=k) == 0).sum())(jax.random.split(key, 64))
     assert int(counts.max()) == 16
 
 
 def test_key_determinism_and_layouts(key):
     x = jax.random.normal(key, (2, 9, 7, 3))
-    a = cutout_batch(x, key, num_holes=2, length=0.4)
-    np.testing.assert_array_equal(a, cutout_batch(x, key, num_holes=2, length=0.4))
-    assert not np.array_equal(a, cutout_batch(x, jax.random.fold_in(key, 1), num_holes=2, length=0.4))
-    nchw = cutout_batch(jnp.transpose(x, (0, 3, 1, 2)), key, num_holes=2, length=0.4, data_format="NCHW")
+    a = cutout_batch(x, num_holes=2, length=0.4, key=key)
+    np.testing.assert_array_equal(a, cutout_batch(x, num_holes=2, length=0.4, key=key))
+    assert not np.array_equal(a, cutout_batch(x, num_holes=2, length=0.4, key=jax.random.fold_in(key, 1)))
+    nchw = cutout_batch(jnp.transpose(x, (0, 3, 1, 2)), num_holes=2, length=0.4, key=key, data_format="NCHW")
     np.testing.assert_array_equal(jnp.transpose(nchw, (0, 2, 3, 1)), a)
-    single = cutout_batch(x[0], key, num_holes=2, length=0.4)  # one (H, W, C) image
+    single = cutout_batch(x[0], num_holes=2, length=0.4, key=key)  # one (H, W, C) image
     np.testing.assert_array_equal(single, a[0])
 
 
@@ -78,7 +78,8 @@ def test_uniform_sampling_covers_corners_evenly(key):
     x = jnp.ones((1, 8, 8, 1))
     keys = jax.random.split(key, 4000)
     for uniform in (False, True):
-        holes = jax.jit(jax.vmap(lambda k: cutout_batch(x, k, length=4, uniform_sampling=uniform)[0, :, :, 0] == 0))(keys)
+        hole = lambda k: cutout_batch(x, length=4, uniform_sampling=uniform, key=k)[0, :, :, 0] == 0
+        holes = jax.jit(jax.vmap(hole))(keys)
         p = np.asarray(holes.mean(0))
         if uniform:  # every pixel equally likely: 16 / (8 + 4)^2 ~= 0.111
             np.testing.assert_allclose(p, 16 / 144, atol=0.03)
@@ -95,7 +96,7 @@ def test_errors(key):
     with pytest.raises(ValueError, match="num_holes"):
         CutOut(num_holes=-1)
     with pytest.raises(ValueError, match="image"):
-        cutout_batch(jnp.ones((4, 4)), key)
+        cutout_batch(jnp.ones((4, 4)), key=key)
 
 
 # (2) jit == eager, no retrace -------------------------------------------------------------------------------------

@@ -62,9 +62,29 @@ def test_matches_torch_label_smoothing_cross_entropy(key):
 
 
 def test_factory_validates():
-    for bad in (-0.1, 1.0, 1.5):
+    for bad in (-0.1, 1.5, True):
         with pytest.raises(ValueError, match="smoothing"):
             LabelSmoothing(smoothing=bad)
+        with pytest.raises(ValueError, match="smoothing"):
+            smooth_labels(jnp.zeros((2, 3)), jnp.arange(2), bad)
+
+
+def test_smoothing_one_is_uniform():
+    # Composer's documented range is [0, 1]; smoothing=1 ignores the targets entirely
+    assert LabelSmoothing(smoothing=1.0).description == "LabelSmoothing(smoothing=1.0)"
+    np.testing.assert_allclose(smooth_labels(jnp.zeros((2, 4)), jnp.array([0, 3]), 1.0), np.full((2, 4), 0.25))
+
+
+def test_integer_one_hot_targets_are_dense():
+    # Composer decides by shape: a target of the logits' shape is dense even when its dtype is integer
+    y = jnp.array([1, 0, 1])
+    logits = jnp.zeros((3, 2))
+    got = smooth_labels(logits, jax.nn.one_hot(y, 2, dtype=jnp.int32), 0.2)
+    assert got.shape == (3, 2)
+    np.testing.assert_array_equal(got, smooth_labels(logits, jax.nn.one_hot(y, 2), 0.2))
+    np.testing.assert_array_equal(got, smooth_labels(logits, y, 0.2))
+    with pytest.raises(ValueError, match="neither dense"):
+        smooth_labels(logits, jnp.zeros((3, 2, 2)), 0.2)
 
 
 def test_loss_wrapper_leaves_batch_untouched(key):

@@ -122,13 +122,13 @@ def test_layers_follow_the_forward_order(net):
 ])
 def test_freeze_layers_hand_checked(t, start, level, depth, pct, key):
     params = _params(key)
-    frozen, d, p = freeze_layers(params, t, freeze_start=start, freeze_level=level)
+    frozen, d, p = freeze_layers(params, None, t, freeze_start=start, freeze_level=level)
     assert d == depth and p == pytest.approx(pct)
     names = list(params)
     for i, n in enumerate(names):
         assert bool(frozen[n]["w"]) == bool(frozen[n]["b"]) == (i < depth), (n, frozen)
     # traced duration (float32 in jit) gives the same answer away from exact boundaries
-    tf, td, tp = jax.jit(lambda x: freeze_layers(params, x, start, level))(jnp.float32(t))
+    tf, td, tp = jax.jit(lambda x: freeze_layers(params, None, x, start, level))(jnp.float32(t))
     assert int(td) == depth and float(tp) == pytest.approx(pct, abs=1e-6)
     assert jax.tree.map(bool, tf) == jax.tree.map(bool, frozen)
 
@@ -136,19 +136,19 @@ def test_freeze_layers_hand_checked(t, start, level, depth, pct, key):
 def test_freeze_layers_takes_a_param_order(net):
     # nnx.State params with the forward's order (the functional form of what the method reads from ctx.model)
     params = _param_tree(net)
-    frozen, depth, pct = freeze_layers(params, 0.75, freeze_start=0.5, param_order=_forward_order(net))
+    frozen, depth, pct = freeze_layers(params, None, 0.75, freeze_start=0.5, param_order=_forward_order(net))
     assert depth == int(0.5 * 13) == 6 and pct == pytest.approx(0.5)
     flat = {"/".join(param_path(kp)[:-1]): bool(v) for kp, v in jax.tree_util.tree_flatten_with_path(frozen)[0]}
     assert flat == {layer: i < 6 for i, layer in enumerate(NET_LAYERS)}
     # module paths work as well, dotted or slashed
-    frozen2, _, _ = freeze_layers(params, 0.75, freeze_start=0.5,
+    frozen2, _, _ = freeze_layers(params, None, 0.75, freeze_start=0.5,
                                   param_order=[p.replace("/", ".") for p in NET_LAYERS])
     assert jax.tree.map(bool, frozen2) == jax.tree.map(bool, frozen)
 
 
 def test_freeze_layers_validates():
     with pytest.raises(ValueError, match="freeze_start"):
-        freeze_layers({"a": {"w": 1.0}}, 0.5, freeze_start=1.0)
+        freeze_layers({"a": {"w": 1.0}}, None, 0.5, freeze_start=1.0)
     with pytest.raises(ValueError, match="freeze_level"):
         LayerFreezing(freeze_level=1.5)
     with pytest.raises(ValueError, match="update_interval"):

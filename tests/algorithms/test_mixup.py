@@ -32,20 +32,20 @@ def test_hand_checked_mix():
 
 def test_alpha_zero_is_identity(key):
     x = jax.random.normal(key, (4, 3, 3, 2))
-    mixed, _, lam = mixup_batch(x, jnp.arange(4), key, alpha=0.0)
+    mixed, _, lam = mixup_batch(x, jnp.arange(4), alpha=0.0, key=key)
     assert float(lam) == 0.0
     np.testing.assert_array_equal(mixed, x)
 
 
 def test_lambda_at_most_half_and_key_determinism(key):
     x = jnp.arange(8.0).reshape(8, 1)
-    draw = jax.jit(jax.vmap(lambda k: mixup_batch(x, jnp.arange(8), k, alpha=1.0)[2]))
+    draw = jax.jit(jax.vmap(lambda k: mixup_batch(x, jnp.arange(8), alpha=1.0, key=k)[2]))
     lams = draw(jax.random.split(key, 512))
     assert float(lams.max()) <= 0.5 and float(lams.min()) >= 0.0
     assert float(lams.mean()) > 0.15  # Beta(1, 1) folded: mean 0.25, not stuck at 0
-    a = mixup_batch(x, jnp.arange(8), key)
-    b = mixup_batch(x, jnp.arange(8), key)
-    c = mixup_batch(x, jnp.arange(8), jax.random.fold_in(key, 1))
+    a = mixup_batch(x, jnp.arange(8), key=key)
+    b = mixup_batch(x, jnp.arange(8), key=key)
+    c = mixup_batch(x, jnp.arange(8), key=jax.random.fold_in(key, 1))
     for u, v in zip(a, b):
         np.testing.assert_array_equal(u, v)
     assert not np.array_equal(a[0], c[0])
@@ -54,14 +54,14 @@ def test_lambda_at_most_half_and_key_determinism(key):
 
 def test_layout_agnostic(key):
     x = jax.random.normal(key, (4, 5, 6, 3))
-    nhwc = mixup_batch(x, jnp.arange(4), key)[0]
-    nchw = mixup_batch(jnp.transpose(x, (0, 3, 1, 2)), jnp.arange(4), key)[0]
+    nhwc = mixup_batch(x, jnp.arange(4), key=key)[0]
+    nchw = mixup_batch(jnp.transpose(x, (0, 3, 1, 2)), jnp.arange(4), key=key)[0]
     np.testing.assert_allclose(jnp.transpose(nchw, (0, 2, 3, 1)), nhwc, rtol=1e-6)
 
 
 def test_bf16_stays_bf16(key):
     x = jax.random.normal(key, (4, 2)).astype(jnp.bfloat16)
-    assert mixup_batch(x, jnp.arange(4), key)[0].dtype == jnp.bfloat16
+    assert mixup_batch(x, jnp.arange(4), key=key)[0].dtype == jnp.bfloat16
 
 
 def test_errors(key):

@@ -92,13 +92,13 @@ def test_select_using_loss_pairs_inputs_with_targets(key):
     y = jnp.arange(16) % 5
     model = lambda inp: jnp.concatenate([inp[:, :1], jnp.zeros((inp.shape[0], 4))], axis=1)
     loss_fun = lambda out, t: soft_cross_entropy(out, t)
-    xs, ys = select_using_loss(x, y, model, loss_fun, key, keep=0.5)
+    xs, ys = select_using_loss(x, y, model, loss_fun, keep=0.5, key=key)
     assert xs.shape == (8, 3) and ys.shape == (8,)
     rows = np.asarray(xs[:, 0]).astype(int)
     assert len(set(rows.tolist())) == 8 and (np.diff(rows) > 0).all()
     np.testing.assert_array_equal(ys, np.asarray(y)[rows])  # each kept input keeps its own target
-    again = select_using_loss(x, y, model, loss_fun, key, keep=0.5)
-    other = select_using_loss(x, y, model, loss_fun, jax.random.fold_in(key, 1), keep=0.5)
+    again = select_using_loss(x, y, model, loss_fun, keep=0.5, key=key)
+    other = select_using_loss(x, y, model, loss_fun, keep=0.5, key=jax.random.fold_in(key, 1))
     np.testing.assert_array_equal(again[0], xs)
     assert not np.array_equal(other[0], xs)
 
@@ -144,7 +144,7 @@ def test_scoring_pass_sees_downscaled_inputs(key):
         return jnp.zeros((inp.shape[0], 5))
 
     x = jax.random.uniform(key, (4, 8, 8, 3))
-    xs, _ = jax.jit(lambda x: select_using_loss(x, jnp.arange(4), model, soft_cross_entropy, key, keep=0.5,
+    xs, _ = jax.jit(lambda x: select_using_loss(x, jnp.arange(4), model, soft_cross_entropy, keep=0.5, key=key,
                                                 scale_factor=0.5))(x)
     assert seen == [(4, 4, 4, 3)] and xs.shape == (2, 8, 8, 3)  # scored small, kept at full size
 
@@ -153,13 +153,13 @@ def test_errors(key):
     x, y = jnp.zeros((4, 6)), jnp.arange(4)
     model, loss_fun = (lambda inp: inp[:, :5]), soft_cross_entropy
     with pytest.raises(ValueError, match="3D, 4D, or 5D"):
-        select_using_loss(x, y, model, loss_fun, key, scale_factor=0.5)
+        select_using_loss(x, y, model, loss_fun, scale_factor=0.5, key=key)
     with pytest.raises(ValueError, match="scale_factor"):
-        select_using_loss(x, y, model, loss_fun, key, scale_factor=1.5)
+        select_using_loss(x, y, model, loss_fun, scale_factor=1.5, key=key)
     with pytest.raises(ValueError, match="keep"):
-        select_using_loss(x, y, model, loss_fun, key, keep=0.0)
+        select_using_loss(x, y, model, loss_fun, keep=0.0, key=key)
     with pytest.raises(ValueError, match="one value per example"):
-        select_using_loss(x, y, model, lambda o, t: o, key)
+        select_using_loss(x, y, model, lambda o, t: o, key=key)
     with pytest.raises(ValueError, match="shrinks"):
         _downscale(jnp.zeros((1, 2, 2, 1)), 0.4, "NHWC")
     for kwargs, match in (({"keep": 1.5}, "keep"), ({"keep": 0}, "keep"), ({"start": 0.6, "end": 0.5}, "start"),

@@ -1,12 +1,13 @@
 """Time, Timestamp and to_batches follow Composer's documented semantics."""
 import copy
+import dataclasses
 import datetime
 import json
 import pickle
 
 import pytest
 
-from jaxcomposer.core.time import Time, Timestamp, TimeUnit, to_batches
+from jaxcomposer.core.time import Time, TimeInputError, Timestamp, TimeUnit, to_batches
 
 
 @pytest.mark.parametrize(
@@ -46,7 +47,89 @@ def test_fractional_non_duration_raises_type_error():
         Time.from_timestring("1.5ep")
     with pytest.raises(TypeError):
         Time(2.5, "ba")
-    assert Time(3.0, "ba").value == 3 and isinstance(Time(3.0, "ba").value, int)
+    with pytest.raises(TypeError, match="write 3"):  # Composer takes only an int, even for a whole float
+        Time(3.0, "ba")
+    assert Time.from_timestring("3.0ba").value == 3 and isinstance(Time.from_timestring("3.0ba").value, int)
+
+
+# What Composer's constructors raise for invalid input (composer/core/time.py and tests/test_time.py):
+# (callable, args, expected): a Time to compare with, or the exception type and text of our message.
+CONSTRUCTOR_ERRORS = [
+    # Time(value, unit)
+    (Time, (3, "epochs"), (ValueError, "Unknown time unit 'epochs'")),
+    (Time, (3, 5), (TypeError, "must be a str or TimeUnit")),
+    (Time, (1.5, "ep"), (TypeError, "must be an int")),
+    (Time, (3.0, "ba"), (TypeError, "write 3")),
+    (Time, ("5", "ba"), (TypeError, "must be an int")),
+    (Time, (None, "ba"), (TypeError, "must be an int")),
+    (Time, ("x", "dur"), (ValueError, "with unit 'dur' must be a number")),  # Composer: float('x')
+    (Time, (None, "dur"), (TypeError, "with unit 'dur' must be a number")),  # Composer: float(None)
+    (Time, (True, "ba"), (TypeError, "bool")),  # deliberate: Composer takes True as 1
+    (Time, ("0.5", "dur"), Time(0.5, "dur")),  # Composer's float(value)
+    (Time, (3, "EPOCH"), Time(3, "ep")),  # Composer's StringEnum: case-insensitive name or value
+    (Time, (3, "Ba"), Time(3, "ba")),
+    # Time.from_timestring: Composer's tests/test_time.py bad and valid strings
+    (Time.from_timestring, ("1.1iter",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("1.5ep",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("2.1ba",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("3.2sp",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("3.4tok",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("0.1sec",), (TypeError, "must be an integer")),
+    (Time.from_timestring, ("1.0iter",), Time(1, "iter")),
+    (Time.from_timestring, ("2.0ep",), Time(2, "ep")),
+    (Time.from_timestring, ("3.000ba",), Time(3, "ba")),
+    (Time.from_timestring, ("030.0sp",), Time(30, "sp")),
+    (Time.from_timestring, ("30sec",), Time(30, "sec")),
+    (Time.from_timestring, ("4_00_0tok",), Time(4000, "tok")),
+    (Time.from_timestring, ("+5ba",), Time(5, "ba")),
+    (Time.from_timestring, (5,), (TypeError, "timestring must be a str")),
+    (Time.from_timestring, (None,), (TypeError, "timestring must be a str")),
+    (Time.from_timestring, ("10epochs",), (ValueError, "Cannot parse time string")),
+    (Time.from_timestring, ("1__0ep",), (ValueError, "Cannot parse time string")),  # float('1__0') fails too
+    (Time.from_timestring, ("1e400dur",), (ValueError, "not a finite number")),
+    # wall clock, as Composer's strptime('%Hh%Mm%Ss'): hours 0-23, minutes and seconds 0-59
+    (Time.from_timestring, ("23h59m59s",), Time(86399, "sec")),
+    (Time.from_timestring, ("1h30s",), Time(3630, "sec")),
+    (Time.from_timestring, ("24h",), (ValueError, "'86400sec'")),
+    (Time.from_timestring, ("90m",), (ValueError, "'5400sec'")),
+    (Time.from_timestring, ("60s",), (ValueError, "seconds 0-59")),
+    (Time.from_timestring, ("007h",), (ValueError, "at most 2 digits")),
+    (Time.from_timedelta, ("5m",), Time(300, "sec")),
+    (Time.from_timedelta, ("5ba",), (ValueError, "expected 'XhYmZs'")),
+    (Time.from_timedelta, (5,), (TypeError, "timestring must be a str")),
+    # Time.from_input: Composer raises RuntimeError for a bare number without a unit and for other types
+    (Time.from_input, (None,), (RuntimeError, "Cannot convert None")),
+    (Time.from_input, ([123],), (RuntimeError, "Cannot convert [123]")),
+    (Time.from_input, (1,), (RuntimeError, "no default_int_unit")),
+    (Time.from_input, (1.5,), (RuntimeError, "no default_int_unit")),
+    (Time.from_input, (True, "ep"), (RuntimeError, "Cannot convert True")),  # deliberate, as Time
+    (Time.from_input, (1.5, "ep"), (TypeError, "must be an int")),  # from Time(1.5, 'ep'), as Composer
+    (Time.from_input, (2.0, "ep"), (TypeError, "write 2")),
+    (Time.from_input, ("1.5ep",), (TypeError, "must be an integer")),  # from from_timestring
+    (Time.from_input, ("10epochs",), (ValueError, "Cannot parse time string")),
+    (Time.from_input, (1, "ep"), Time(1, "ep")),
+    (Time.from_input, (0.5, "dur"), Time(0.5, "dur")),
+]
+
+
+@pytest.mark.parametrize("fn, args, expected", CONSTRUCTOR_ERRORS,
+                         ids=[f"{fn.__name__}{args!r}" for fn, args, _ in CONSTRUCTOR_ERRORS])
+def test_constructor_errors_match_composer(fn, args, expected):
+    if isinstance(expected, Time):
+        got = fn(*args)
+        assert got == expected and got.unit is expected.unit and type(got.value) is type(expected.value)
+        return
+    error, text = expected
+    with pytest.raises(error) as info:
+        fn(*args)
+    assert text in str(info.value)
+    # Composer's type exactly, or (from_input) our TimeInputError, a RuntimeError that is also a ValueError or
+    # TypeError for code written against our earlier contract.
+    if error is RuntimeError:
+        assert isinstance(info.value, TimeInputError)
+        assert isinstance(info.value, ValueError if "no default_int_unit" in text else TypeError)
+    else:
+        assert type(info.value) is error
 
 
 @pytest.mark.parametrize("bad", ["10epochs", "ep", "", "10", "1.2.3ba", "h", "10 ep ba"])
@@ -96,9 +179,9 @@ def test_from_input():
     assert Time.from_input("2ep") == Time(2, "ep")
     assert Time.from_input(3, default_int_unit="ep") == Time(3, "ep")
     assert Time.from_input(3, TimeUnit.BATCH) == Time(3, "ba")
-    with pytest.raises(ValueError, match="default_int_unit"):
+    with pytest.raises(RuntimeError, match="default_int_unit"):  # Composer's type
         Time.from_input(3)
-    with pytest.raises(TypeError):
+    with pytest.raises(RuntimeError):
         Time.from_input([3])
 
 
@@ -195,12 +278,74 @@ def test_timestamp_advances():
 
 def test_timestamp_is_immutable_and_copy():
     ts = Timestamp(batch=3)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ts.batch = 4
+    # Composer has a setter for this one field; ours is immutable too, and copy() is the way (docstring).
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ts.epoch_in_iteration = 2
+    assert ts.copy(epoch_in_iteration=2).epoch_in_iteration == 2 and ts.epoch_in_iteration == 0
     ts2 = ts.copy(epoch=2)
     assert (ts.epoch, ts2.epoch, ts2.batch) == (0, 2, 3)
     with pytest.raises(TypeError):
         Timestamp(batch=1.5)
+
+
+_FULL = dict(iteration=1, epoch=2, batch=30, sample=300, token=3000, epoch_in_iteration=2, token_in_iteration=3000,
+             batch_in_epoch=5, sample_in_epoch=50, token_in_epoch=500)
+_UNIT_OF = dict(iteration="iter", epoch="ep", batch="ba", sample="sp", token="tok", epoch_in_iteration="ep",
+                token_in_iteration="tok", batch_in_epoch="ba", sample_in_epoch="sp", token_in_epoch="tok")
+
+
+@pytest.mark.parametrize("field", sorted(_UNIT_OF))
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda f, u: 7, 7),
+        (lambda f, u: Time(7, u), 7),  # Composer: timestamp.copy(epoch=Time(0, 'ep'))
+        (lambda f, u: f"7{u}", 7),  # Composer's Time.from_input takes a time string too
+        (lambda f, u: Time(0, u), 0),
+        (lambda f, u: Time(7, "ep" if u != "ep" else "ba"), (ValueError, "argument has units of")),
+        (lambda f, u: Time(0.5, "dur"), (ValueError, "argument has units of 'dur'")),
+        (lambda f, u: 1.5, (TypeError, "must be an int")),
+        (lambda f, u: 2.0, (TypeError, "write 2")),
+        (lambda f, u: [1], (RuntimeError, "Cannot convert [1]")),
+        (lambda f, u: True, (TypeError, "bool")),  # deliberate: Composer counts True as 1
+    ],
+    ids=["int", "Time", "timestring", "zero", "other-unit", "dur", "fraction", "whole-float", "list", "bool"],
+)
+def test_timestamp_fields_take_int_or_time(field, make, expected):
+    value = make(field, _UNIT_OF[field])
+    base = Timestamp(**_FULL)
+    if isinstance(expected, int):
+        for ts in (Timestamp(**{field: value}), base.copy(**{field: value})):
+            got = getattr(ts, field)  # an int that also reads as Composer's Time
+            assert got == expected and isinstance(got, int) and got.value == expected
+            assert got.unit == TimeUnit(_UNIT_OF[field]) and got.as_time() == Time(expected, _UNIT_OF[field])
+        assert all(getattr(base.copy(**{field: value}), f) == v for f, v in _FULL.items() if f != field)
+        return
+    error, text = expected
+    for build in (lambda: Timestamp(**{field: value}), lambda: base.copy(**{field: value})):
+        with pytest.raises(error) as info:
+            build()
+        assert type(info.value) is error or (error is RuntimeError and isinstance(info.value, TimeInputError))
+        assert str(info.value).startswith(f"Timestamp.{field}") and text in str(info.value)
+
+
+def test_timestamp_copy_none_keeps_and_wall_clock_none_is_zero():
+    ts = Timestamp(epoch=3, total_wct=datetime.timedelta(seconds=5))
+    assert ts.copy(epoch=None, total_wct=None) == ts  # Composer: None means "keep"
+    assert Timestamp(total_wct=None, batch_wct=None).total_wct == datetime.timedelta(0)
+    with pytest.raises(TypeError, match="unknown field"):
+        ts.copy(epochs=1)
+    with pytest.raises(TypeError, match="total_wct"):
+        Timestamp(total_wct="5s")
+
+
+def test_timestamp_orders_against_times_only():
+    ts = Timestamp(batch=5)
+    assert ts < Time(6, "ba") and ts >= "5ba" and not ts > "5ba"
+    with pytest.raises(TypeError):  # a bare number has no unit: unordered, as in Composer
+        _ = ts < 6
 
 
 def test_timestamp_get():

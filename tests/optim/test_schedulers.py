@@ -57,7 +57,7 @@ CASES = [
     (PolynomialScheduler(power=0.5, t_max="50ba", alpha_f=0.1), {0: 1.0, 25: 0.1 + 0.9 * 0.5**0.5, 50: 0.1, 99: 0.1}),
     (MultiStepWithWarmupScheduler("5ba", ["20ba", "4ep"], gamma=0.5),
      {0: 0.0, 2: 0.4, 5: 1.0, 19: 1.0, 20: 0.5, 40: 0.25}),
-    (ConstantWithWarmupScheduler("10ba", alpha=0.5, t_max="50ba"), {0: 0.0, 4: 0.2, 10: 0.5, 49: 0.5, 50: 1.0}),
+    (ConstantWithWarmupScheduler("10ba", alpha=0.5), {0: 0.0, 4: 0.2, 10: 0.5, 99: 0.5, 100: 0.5}),
     (LinearWithWarmupScheduler("20ba", alpha_i=0.8, alpha_f=0.2), {0: 0.0, 10: 0.4, 20: 0.8, 60: 0.5, 100: 0.2}),
     (CosineAnnealingWithWarmupScheduler("1ep"), {0: 0.0, 5: 0.5, 10: 1.0, 55: 0.5, 100: 0.0}),
     (CosineAnnealingWithWarmupScheduler("20ba", alpha_f=0.1), {10: 0.5, 40: cos(0.25, 0.1), 100: 0.1}),
@@ -136,11 +136,14 @@ def test_zero_warmup_warns_and_skips_warmup():
     assert float(fn(0)) == 1.0
 
 
-def test_warmup_longer_than_t_max_raises():
-    with pytest.raises(ValueError, match="t_warmup"):
-        CosineAnnealingWithWarmupScheduler("20ba", t_max="10ba").schedule(max_batches=10, steps_per_epoch=None)
-    with pytest.raises(ValueError, match="t_warmup"):
-        MultiStepWithWarmupScheduler("200ba", ["10ba"]).schedule(max_batches=100, steps_per_epoch=None)
+def test_warmup_longer_than_t_max_warns_and_ramps_as_composer():
+    # Composer refuses neither: the ramp t / t_warmup runs for the whole run. We compute the same and warn.
+    with pytest.warns(UserWarning, match="t_warmup='20ba' .*longer than t_max"):
+        fn = CosineAnnealingWithWarmupScheduler("20ba", t_max="10ba").schedule(max_batches=10, steps_per_epoch=None)
+    np.testing.assert_allclose([float(fn(s)) for s in (0, 5, 9)], [0.0, 0.25, 0.45], atol=1e-6)
+    with pytest.warns(UserWarning, match="longer than max_duration"):
+        fn = MultiStepWithWarmupScheduler("200ba", ["10ba"]).schedule(max_batches=100, steps_per_epoch=None)
+    np.testing.assert_allclose([float(fn(s)) for s in (50, 99)], [0.25, 0.495], atol=1e-6)
 
 
 def test_t_max_shorter_than_run_raises_for_warmup_schedulers():
@@ -190,3 +193,133 @@ def test_works_as_optax_schedule():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # plain schedulers must not warn
         CosineAnnealingScheduler().schedule(max_batches=4, steps_per_epoch=None)
+
+
+# ----- Composer's fail-fast rules for the warmup schedulers with a t_max -------------------------------------------
+# (t_warmup, t_max, max_duration, ssr, expected): None = accepted, else (error type, text the message has).
+# Composer converts 'dur' to max_duration's unit ('ba' for 'ep'), 'ep' to 'ba', scales t_max (not 'dur') by ssr,
+# then requires t_warmup and t_max in one unit and t_max >= max_duration where the units compare. Runs are 100
+# batches: 10 per epoch, 32 samples per batch (max_duration '3200sp'), max_batches scaled by ssr.
+UNITS = "Cannot use warmup scheduler"
+SHORT = "greater than or equal to max_duration"
+WARMUP_RULES = [
+    ("10ba", "1dur", "100ba", 1.0, None),
+    ("10ba", "1dur", None, 1.0, None),  # no max_duration: a run of max_batches batches
+    ("1ep", "1dur", "10ep", 1.0, None),  # both become 'ba'
+    ("0.1dur", "100ba", "10ep", 1.0, None),
+    ("320sp", "1dur", "3200sp", 1.0, None),  # 'dur' takes 'sp' from max_duration
+    ("10ba", "1dur", "3200sp", 1.0, (ValueError, UNITS)),  # 'ba' vs 'dur' -> 'sp'
+    ("0.1dur", "100ba", "3200sp", 1.0, (ValueError, UNITS)),  # 'dur' -> 'sp' vs 'ba'
+    ("320sp", "1dur", "100ba", 1.0, (ValueError, UNITS)),
+    ("10ba", "3200sp", "100ba", 1.0, (ValueError, UNITS)),
+    ("320sp", "1600sp", "100ba", 1.0, None),  # same unit; 'sp' vs 'ba' max_duration cannot be compared: no check
+    ("10ba", "0.75dur", "100ba", 1.0, (ValueError, SHORT)),
+    ("1ep", "0.75dur", "10ep", 1.0, (ValueError, SHORT)),
+    ("320sp", "0.75dur", "3200sp", 1.0, (ValueError, SHORT)),
+    ("10ba", "0.75dur", None, 1.0, (ValueError, SHORT)),
+    ("10ba", "9ep", "10ep", 1.0, (ValueError, SHORT)),  # 90ba < 10ep of 10 batches
+    ("10ba", "99ba", "100ba", 1.0, (ValueError, SHORT)),
+    ("10ba", "10ep", "100ba", 1.0, None),
+    ("10ba", "200ba", "100ba", 1.0, None),
+    ("10ba", "100ba", "50ba", 0.5, None),  # t_max scaled: 50ba >= the scaled 50ba
+    ("10ba", "60ba", "50ba", 0.5, (ValueError, SHORT)),  # 30ba < 50ba, though the unscaled 60ba is not
+    ("10sec", "1dur", "100ba", 1.0, (ValueError, "wall clock")),
+]
+WITH_T_MAX = [ConstantWithWarmupScheduler, LinearWithWarmupScheduler, CosineAnnealingWithWarmupScheduler,
+              PolynomialWithWarmupScheduler]
+
+
+@pytest.mark.parametrize("cls", WITH_T_MAX, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("t_warmup, t_max, max_duration, ssr, expected", WARMUP_RULES)
+def test_warmup_unit_and_t_max_rules(cls, t_warmup, t_max, max_duration, ssr, expected):
+    sched = cls(t_warmup, t_max=t_max)
+    kw = dict(max_batches=int(100 * ssr), steps_per_epoch=SPE, ssr=ssr, batch_size=32, max_duration=max_duration)
+    if expected is None:
+        fn = sched.schedule(**kw)
+        assert fn(0).dtype == jnp.float32
+        return
+    error, text = expected
+    with pytest.raises(error, match=text) as info:
+        sched.schedule(**kw)
+    msg = str(info.value)
+    assert type(info.value) is error
+    as_written = {name: Time.from_timestring(v).to_timestring() for name, v in (("t_warmup", t_warmup),
+                                                                                  ("t_max", t_max))}
+    if text == "wall clock":
+        assert f"t_warmup={as_written['t_warmup']!r}" in msg
+        return
+    assert msg.startswith(f"{cls.__name__}: ")  # names the scheduler ...
+    assert f"t_max={as_written['t_max']!r}" in msg  # ... and the argument, with its value
+    if text == UNITS:  # ... both arguments, and the expected unit
+        assert f"t_warmup={as_written['t_warmup']!r}" in msg and "same units" in msg and "give t_warmup in '" in msg
+    else:  # ... the run length it falls short of, and the fix
+        assert f"max_duration={(max_duration or '100ba')!r}" in msg and "Use t_max='1dur'" in msg
+
+
+@pytest.mark.parametrize("t_warmup, max_duration", [("10ba", "3200sp"), ("0.1dur", "3200sp"), ("320sp", "100ba")])
+def test_multistep_with_warmup_has_no_unit_checks(t_warmup, max_duration):
+    """Composer's MultiStepWithWarmupScheduler runs neither check; its milestones do not need a t_max."""
+    fn = MultiStepWithWarmupScheduler(t_warmup, ["50ba"], gamma=0.5).schedule(
+        max_batches=100, steps_per_epoch=SPE, batch_size=32, max_duration=max_duration)
+    np.testing.assert_allclose([float(fn(5)), float(fn(49)), float(fn(50))], [0.5, 1.0, 0.5], atol=1e-6)
+
+
+def test_checks_run_before_anything_is_compiled():
+    # compose_schedules builds every scheduler first; a refused one raises before any alpha exists or is traced.
+    calls = []
+
+    class Spy(LinearScheduler):
+        def _build(self, ctx):
+            calls.append(ctx)
+            return super()._build(ctx)
+
+    with pytest.raises(ValueError, match="PolynomialWithWarmupScheduler: t_max='0.75dur'"):
+        compose_schedules([PolynomialWithWarmupScheduler("10ba", t_max="0.75dur"), Spy()], max_batches=MAX,
+                          steps_per_epoch=SPE)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "max_duration, max_batches, error, text",
+    [
+        ("90ba", 100, ValueError, "is 90 batches but max_batches=100"),
+        ("9ep", 100, ValueError, "is 90 batches but max_batches=100"),
+        ("0.5dur", 100, ValueError, "expected a positive time in 'ep', 'ba', 'sp' or 'tok'"),
+        ("1h", 100, ValueError, "expected a positive time"),
+        (100, 100, TypeError, "max_duration must be a Time or a time string"),
+    ],
+)
+def test_max_duration_argument_is_checked(max_duration, max_batches, error, text):
+    with pytest.raises(error, match=text):
+        LinearWithWarmupScheduler("10ba").schedule(max_batches=max_batches, steps_per_epoch=SPE,
+                                                  max_duration=max_duration)
+
+
+def composer_constant_with_warmup(t, t_warmup, alpha):
+    """Composer's ConstantWithWarmupScheduler: LinearWithWarmupScheduler(alpha_i=alpha, alpha_f=alpha), i.e. the
+    ramp alpha * t / t_warmup before t_warmup and alpha from then on, after t_max too."""
+    return alpha * t / t_warmup if t < t_warmup else alpha
+
+
+@pytest.mark.parametrize(
+    "kwargs, schedule_kw, t_warmup_batches, steps",
+    [
+        # t_max = max_duration: the last step and beyond (a run continued by fit(duration=...)) are after t_max.
+        (dict(t_warmup="10ba", alpha=0.5), dict(max_duration="100ba"), 10, [0, 4, 9, 10, 55, 99, 100, 150]),
+        (dict(t_warmup="1ep", alpha=3.0, t_max="100ba"), dict(max_duration="10ep"), 10, [0, 5, 10, 100, 120]),
+        (dict(t_warmup="0.2dur", alpha=2.0, t_max="2dur"), dict(), 20, [0, 10, 20, 100, 199, 200, 250]),
+        # t_max in samples, max_duration in batches: not comparable, so not checked; t_max = batch 50 < the run.
+        (dict(t_warmup="320sp", alpha=0.25, t_max="1600sp"), dict(max_duration="100ba", batch_size=32), 10,
+         [0, 5, 10, 49, 50, 75, 99]),
+        (dict(t_warmup="10ba", alpha=0.5, scale_warmup=True), dict(ssr=0.5, max_duration="50ba"), 5,
+         [0, 2, 5, 49, 50]),
+    ],
+)
+def test_constant_with_warmup_matches_composer(kwargs, schedule_kw, t_warmup_batches, steps):
+    sched = ConstantWithWarmupScheduler(**kwargs)
+    max_batches = 50 if schedule_kw.get("ssr") == 0.5 else MAX
+    fn = sched.schedule(max_batches=max_batches, steps_per_epoch=SPE, **schedule_kw)
+    got = [float(fn(s)) for s in steps]
+    want = [composer_constant_with_warmup(s, t_warmup_batches, kwargs["alpha"]) for s in steps]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert float(fn(steps[-1])) == pytest.approx(kwargs["alpha"])  # after t_max: alpha, not 1.0

@@ -64,5 +64,5 @@ def test_skip_raises_past_the_limit():
 
 
 def test_policy_is_validated():
-    with pytest.raises(ValueError, match="nonfinite: got 'ignore'"):
+    with pytest.raises(ValueError, match="nonfinite: Input should be 'raise' or 'skip' \\(got 'ignore'\\)"):
         make(set(), nonfinite="ignore")

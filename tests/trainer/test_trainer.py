@@ -279,3 +279,26 @@ def test_function_scheduler_runs_on_the_host_as_composer():
         make(schedulers=[takes_nothing], max_duration="1ba").fit()
     with pytest.raises(ConfigurationError, match="schedulers\\[0\\]: got int"):
         make(schedulers=[3])
+
+
+def test_samples_and_tokens_reach_the_run_length_and_the_schedulers():
+    """``max_duration`` and scheduler times in ``sp``/``tok`` are converted with the loader's batch size and the
+    task's tokens per batch, as Composer's state does."""
+    from flax import nnx
+
+    from jaxcomposer import ComposerCausalLM
+    from jaxcomposer.data import ArrayLoader
+    from jaxcomposer.models import GPT
+    from jaxcomposer.optim import LinearWithWarmupScheduler
+
+    ids = np.random.default_rng(0).integers(0, 64, (64, 17)).astype(np.int32)  # (B, T+1): 16 tokens per example
+    lm = lambda: ComposerCausalLM(GPT(vocab_size=64, seq_len=16, d_model=16, n_layers=1, n_heads=2, rngs=nnx.Rngs(0)))
+    loader = lambda: ArrayLoader({"input_ids": ids}, 8, seed=0)  # 8 batches of 8 x 16 = 128 tokens
+    by_tokens = Trainer(model=lm(), train_dataloader=loader(), max_duration="1024tok", progress_bar=False, seed=0,
+                        schedulers=[LinearWithWarmupScheduler(t_warmup="256tok", alpha_f=0.0)])
+    assert by_tokens.total_steps == 8
+    assert [by_tokens.lr_multiplier(s) for s in (0, 1, 2)] == pytest.approx([0.0, 0.5, 1.0])  # warmup: 2 batches
+    by_samples = Trainer(model=lm(), train_dataloader=loader(), max_duration="40sp", progress_bar=False, seed=0)
+    assert by_samples.total_steps == 5  # 40 samples in batches of 8
+    by_samples.fit()
+    assert by_samples.state.timestamp.sample == 40 and by_samples.state.timestamp.token == 40 * 16
