@@ -314,10 +314,14 @@ class Trainer(ReadsPlan):
 
     def eval(self, eval_dataloader: Iterable | None = None, subset_num_batches: int = -1,
              label: str = "eval") -> dict[str, float]:
+        self._sync_model()  # asked by the user: their module holds the weights being evaluated
+        return self._evaluate(eval_dataloader, subset_num_batches, label)
+
+    def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str) -> dict[str, float]:
+        """Evaluation itself; the fit loop calls it directly (the module is written back at the end of fit)."""
         loader = eval_dataloader if eval_dataloader is not None else self.eval_dataloader
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
-        self._sync_model()
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
         if self._eval_step is None and host is None:
@@ -502,7 +506,7 @@ class Trainer(ReadsPlan):
 
     def _run_eval(self) -> None:
         if self.eval_dataloader is not None:
-            self.eval()
+            self._evaluate(None, -1, "eval")
 
     def _done(self) -> bool:
         ts = self.state.timestamp
@@ -576,8 +580,8 @@ class Trainer(ReadsPlan):
         """Samples and tokens per batch, for durations in ``sp``/``tok`` (run length, schedulers): the loader's
         ``batch_size``, and the task's token count of the first batch (read only when a ``tok`` time needs it)."""
         batch_size = getattr(self.train_dataloader, "batch_size", None)
-        times = [max_duration] + [getattr(sch, f.name) for sch in self.schedulers
-                                  for f in dataclasses.fields(sch) if dataclasses.is_dataclass(sch)]
+        times = [max_duration] + [getattr(sch, f.name) for sch in self.schedulers if dataclasses.is_dataclass(sch)
+                                  for f in dataclasses.fields(sch)]
         wants_tokens = any(_in_tokens(t) for t in times)
         if not wants_tokens or self.train_dataloader is None:
             return batch_size, None
