@@ -81,3 +81,26 @@ def check_parity(op, args, kwargs, tol):
     jkwargs = {k: to_jax(v) for k, v in kwargs.items()}
     assert_matches(lowering.fn(*jargs, **jkwargs), expected, tol, "eager")
     assert_matches(run_jitted(lowering.fn, jargs, jkwargs), expected, tol, "jit")
+
+
+def assert_signature_matches_schema(op) -> None:
+    """The lowering of ``op`` takes the ATen schema's arguments: positional ones in the schema's order, every schema
+    argument by name, the schema's default wherever it has one, and no required argument the schema does not require."""
+    import inspect
+
+    params = inspect.signature(lookup(op).fn).parameters
+    schema = op._schema.arguments
+    positional = [a.name for a in schema if not a.kwarg_only]
+    assert list(params)[:len(positional)] == positional, f"{op}: {list(params)} vs schema {positional}"
+    for a in schema:
+        assert a.name in params, f"{op}: no parameter {a.name}"
+        if a.has_default_value():
+            default = params[a.name].default
+            assert default is not inspect.Parameter.empty, f"{op}: {a.name} has no default"
+            if not isinstance(a.default_value, torch.dtype):
+                same = default == a.default_value or (isinstance(default, (list, tuple)) and isinstance(
+                    a.default_value, (list, tuple)) and list(default) == list(a.default_value))  # () for []
+                assert same, \
+                    f"{op}: {a.name}={default!r}, schema default {a.default_value!r}"
+    required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
+    assert required <= {a.name for a in schema if not a.has_default_value()}, f"{op}: {required}"

@@ -1,7 +1,6 @@
 """Parity of the loss lowerings (torch_bridge/ops/loss.py) with the ATen ops themselves: values, dtypes and shapes
 eagerly and under ``jax.jit``, gradients against torch autograd, and whole modules whose forward returns a loss,
 bridged with ``from_torch`` (the graphs ``F.cross_entropy`` & co. export to, dynamic batch, train and eval)."""
-import inspect
 import math
 
 import jax
@@ -12,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_bridge.ops.loss as loss_ops
-from tests.torch_bridge.parity import (LAYER_TOL, MODEL_TOL, assert_close_on_scale, assert_matches, check_parity,
+from tests.torch_bridge.parity import (assert_signature_matches_schema, LAYER_TOL, MODEL_TOL, assert_close_on_scale, assert_matches, check_parity,
                                       to_jax)
 from torch_bridge import from_torch
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
@@ -407,20 +406,7 @@ def test_every_registered_overload_has_a_parity_row():
 
 def test_signatures_match_schemas():
     for op in _mine():
-        params = inspect.signature(lookup(op).fn).parameters
-        schema = op._schema.arguments
-        positional = [a.name for a in schema if not a.kwarg_only]
-        assert list(params)[:len(positional)] == positional, f"{op}: {list(params)} vs schema {positional}"
-        for a in schema:
-            assert a.name in params, f"{op}: no parameter {a.name}"
-            if a.has_default_value() and a.name in params:
-                default = params[a.name].default
-                assert default is not inspect.Parameter.empty, f"{op}: {a.name} has no default"
-                if not isinstance(a.default_value, torch.dtype):
-                    assert default == a.default_value or (default is None and a.default_value is None), \
-                        f"{op}: {a.name}={default!r}, schema default {a.default_value!r}"
-        required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
-        assert required <= {a.name for a in schema if not a.has_default_value()}, f"{op}: {required}"
+        assert_signature_matches_schema(op)
 
 
 def test_unknown_reduction_raises():

@@ -1,6 +1,5 @@
 """Parity of the reduction/scan lowerings with the ATen ops themselves (values, dtypes, shapes, eager and under
 ``jax.jit``), gradient parity where torch's choice is specific, and the core-ATen coverage of ``reduction.py``."""
-import inspect
 import math
 
 import jax
@@ -11,7 +10,7 @@ import torch
 
 import torch_bridge.ops.reduction as reduction
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
-from tests.torch_bridge.parity import check_parity, to_jax
+from tests.torch_bridge.parity import assert_signature_matches_schema, check_parity, to_jax
 
 aten = torch.ops.aten
 _g = torch.Generator().manual_seed(1)
@@ -262,11 +261,5 @@ def test_every_registered_overload_has_a_parity_row():
 
 def test_signatures_match_schemas():
     for op in _mine(reduction):
-        params = inspect.signature(lookup(op).fn).parameters
-        schema = op._schema.arguments
-        positional = [a.name for a in schema if not a.kwarg_only]
-        assert list(params)[:len(positional)] == positional, f"{op}: {list(params)} vs schema {positional}"
-        for a in schema:
-            assert a.name in params, f"{op}: no parameter {a.name}"
-        required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
-        assert required <= {a.name for a in schema if not a.has_default_value()}, f"{op}: {required}"
+        assert_signature_matches_schema(op)
+
