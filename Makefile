@@ -10,7 +10,10 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first and exact: the CPU wheel on this disk; a looser spec would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	# the rest through uv, which resolves and unpacks in parallel: ~15 s where pip takes ~2 min on 2 cores.
+	# uv keeps the torch above (every requirement accepts 2.13.0).
+	$(PY) -m pip install --quiet uv==0.13.9
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,5 +1,6 @@
 """Parity harnesses: the per-op one of the ATen op tests (run a lowering eagerly and under jit, compare with the torch
-op) and the one comparison of whole models and layers with torch, :func:`assert_close_on_scale`."""
+op; :class:`JitTable` runs a whole table under one jit) and the one comparison of whole models and layers with
+torch, :func:`assert_close_on_scale`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,21 +39,90 @@ def assert_close_on_scale(got, want, tol, where=""):
 
 
 def to_jax(x):
-    return jnp.asarray(to_numpy(x)) if isinstance(x, torch.Tensor) else x
+    """Torch tensors as JAX arrays, also inside lists, tuples and dicts; anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return jnp.asarray(to_numpy(x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_jax(e) for e in x)
+    if isinstance(x, dict):
+        return {k: to_jax(v) for k, v in x.items()}
+    return x
 
 
-def run_jitted(fn, args, kwargs):
-    """Tensors become traced jit arguments; scalars, dtypes and lists stay static, as in a bridged graph."""
-    pos = [i for i, a in enumerate(args) if isinstance(a, jax.Array)]
-    keys = [k for k, v in kwargs.items() if isinstance(v, jax.Array)]
+def _traceable(fn, args, kwargs, extra):
+    """``(arrays, call)``: the JAX arrays among ``args``/``kwargs`` (inside lists too) and ``call(arrays)``, which runs
+    ``fn`` with them put back. Under jit the arrays are traced; ints, dtypes and strings stay static, as in a
+    bridged graph."""
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    traced = [isinstance(leaf, jax.Array) for leaf in leaves]
 
-    def f(arrays, kw_arrays):
-        a = list(args)
-        for i, v in zip(pos, arrays):
-            a[i] = v
-        return fn(*a, **{**kwargs, **kw_arrays})
+    def call(arrays):
+        it = iter(arrays)
+        a, k = jax.tree.unflatten(tree, [next(it) if t else leaf for leaf, t in zip(leaves, traced)])
+        return fn(*a, **k, **extra)
 
-    return jax.jit(f)([args[i] for i in pos], {k: kwargs[k] for k in keys})
+    return [leaf for leaf, t in zip(leaves, traced) if t], call
+
+
+def run_lowering(op, args=(), kwargs=None, jit=True, **extra):
+    """The lowering of ``op`` on the torch arguments turned into JAX ones, eagerly or under its own ``jax.jit``."""
+    fn = lookup(op).fn
+    jargs, jkwargs = to_jax(tuple(args)), to_jax(kwargs or {})
+    if not jit:
+        return fn(*jargs, **jkwargs, **extra)
+    arrays, call = _traceable(fn, jargs, jkwargs, extra)
+    return jax.jit(call)(arrays)
+
+
+class JitTable:
+    """The rows of one op table, ``pytest.param(op, args, kwargs, ...)``, under a single ``jax.jit``.
+
+    A row's own jit costs ~0.1 s of XLA:CPU compile, most of an op test's time; one function that traces every row
+    compiles a table of hundreds of rows in seconds. Each row is traced on its own inside that function, so a row
+    whose lowering fails to trace fails alone, with its own error; :meth:`run` hands a row its result (or raises
+    that error). Built on first use, once per process.
+    """
+
+    def __init__(self, rows):
+        self._rows = [p.values[:3] for p in rows]
+        self._row_of = {id(args): i for i, (_, args, _) in enumerate(self._rows)}
+        self._results = None
+
+    def run(self, op, args, kwargs):
+        """The jitted result of the row whose ``args`` these are (the very objects of the table)."""
+        i = self._row_of[id(args)]
+        assert self._rows[i][0] is op and self._rows[i][2] is kwargs, "not a row of this table"
+        if self._results is None:
+            self._results = self._run_all()
+        result = self._results[i]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _run_all(self) -> list:
+        errors, calls, inputs = {}, [], []
+        for i, (op, args, kwargs) in enumerate(self._rows):
+            lowering = lookup(op)
+            if lowering is None:
+                errors[i] = AssertionError(f"{op} is not lowered")
+                arrays, call = [], None
+            else:
+                arrays, call = _traceable(lowering.fn, to_jax(tuple(args)), to_jax(kwargs), {})
+            calls.append(call)
+            inputs.append(arrays)
+
+        def every_row(inputs):
+            outs = []
+            for i, (call, arrays) in enumerate(zip(calls, inputs)):
+                try:
+                    outs.append(None if i in errors else call(arrays))
+                except Exception as e:  # this row's failure, raised in its own test
+                    errors[i] = e
+                    outs.append(None)
+            return outs
+
+        outs = jax.jit(every_row)(inputs)
+        return [errors.get(i, out) for i, out in enumerate(outs)]
 
 
 def assert_matches(got, expected, tol, where=""):
@@ -72,15 +142,14 @@ def assert_matches(got, expected, tol, where=""):
         np.testing.assert_array_equal(got, want, err_msg=where)
 
 
-def check_parity(op, args, kwargs, tol):
-    """The lowering of ``op`` equals the torch op itself (values, dtype, shape), eagerly and under jit."""
+def check_parity(op, args, kwargs, tol, table: JitTable | None = None):
+    """The lowering of ``op`` equals the torch op itself (values, dtype, shape), eagerly and under jit (the row's
+    result from ``table`` when the row is one of its own)."""
     expected = op(*args, **kwargs)
-    lowering = lookup(op)
-    assert lowering is not None, f"{op} is not lowered"
-    jargs = tuple(to_jax(a) for a in args)
-    jkwargs = {k: to_jax(v) for k, v in kwargs.items()}
-    assert_matches(lowering.fn(*jargs, **jkwargs), expected, tol, "eager")
-    assert_matches(run_jitted(lowering.fn, jargs, jkwargs), expected, tol, "jit")
+    assert lookup(op) is not None, f"{op} is not lowered"
+    assert_matches(run_lowering(op, args, kwargs, jit=False), expected, tol, "eager")
+    jitted = table.run(op, args, kwargs) if table is not None else run_lowering(op, args, kwargs)
+    assert_matches(jitted, expected, tol, "jit")
 
 
 def assert_signature_matches_schema(op) -> None:

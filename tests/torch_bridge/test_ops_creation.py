@@ -15,6 +15,7 @@ import torch
 
 import torch_bridge.ops.creation  # noqa: F401
 import torch_bridge.ops.shape  # noqa: F401
+from tests.torch_bridge.parity import JitTable
 from tests.torch_bridge.test_ops_shape import T, check, run_lowering
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
 
@@ -82,9 +83,12 @@ CASES = [
 ]
 
 
+TABLE = JitTable(CASES)
+
+
 @pytest.mark.parametrize("op,args,kwargs", CASES)
 def test_parity(op, args, kwargs):
-    check(op, args, kwargs, rtol=1e-6, atol=1e-6)
+    check(op, args, kwargs, rtol=1e-6, atol=1e-6, table=TABLE)
 
 
 @pytest.mark.parametrize("op,args,kwargs", [

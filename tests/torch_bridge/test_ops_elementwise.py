@@ -11,7 +11,7 @@ import torch
 
 import torch_bridge.ops.elementwise as elementwise
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
-from tests.torch_bridge.parity import check_parity, to_jax
+from tests.torch_bridge.parity import JitTable, check_parity, to_jax
 
 aten = torch.ops.aten
 
@@ -297,9 +297,12 @@ row(aten.masked_fill.Tensor, I(3, 4), B(3, 1), torch.tensor(7))
 # checking
 # ---------------------------------------------------------------------------------------------------------------
 
+TABLE = JitTable(ROWS)
+
+
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)
 def test_parity(op, args, kwargs, tol):
-    check_parity(op, args, kwargs, tol)
+    check_parity(op, args, kwargs, tol, TABLE)
 
 
 # ---------------------------------------------------------------------------------------------------------------

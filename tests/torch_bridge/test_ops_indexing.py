@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_bridge.ops.indexing  # noqa: F401
+from tests.torch_bridge.parity import JitTable
 from tests.torch_bridge.test_ops_shape import T, assert_same, check, run_lowering
 from torch_bridge.ops.registry import lookup
 
@@ -100,10 +101,13 @@ CASES = [
 ]
 
 
+TABLE = JitTable(CASES)
+
+
 @pytest.mark.parametrize("op,args,kwargs", CASES)
 def test_parity(op, args, kwargs):
     has_concrete_mask = op is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1])
-    check(op, args, kwargs, jit=not has_concrete_mask, rtol=1e-5, atol=1e-5)
+    check(op, args, kwargs, jit=not has_concrete_mask, rtol=1e-5, atol=1e-5, table=TABLE)
 
 
 def test_index_bool_mask_under_jit_raises():

@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_bridge.ops.loss as loss_ops
-from tests.torch_bridge.parity import (assert_signature_matches_schema, LAYER_TOL, MODEL_TOL, assert_close_on_scale, assert_matches, check_parity,
-                                      to_jax)
+from tests.torch_bridge.parity import (LAYER_TOL, MODEL_TOL, JitTable, assert_close_on_scale, assert_matches,
+                                      assert_signature_matches_schema, check_parity, to_jax)
 from torch_bridge import from_torch
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
 
@@ -181,9 +181,12 @@ row(aten.triplet_margin_loss.default, F32(4), F32(4), F32(4), 1.0, 3.0, 1e-6, Tr
 
 
 
+TABLE = JitTable(ROWS)
+
+
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)
 def test_parity(op, args, kwargs, tol):
-    check_parity(op, args, kwargs, tol)
+    check_parity(op, args, kwargs, tol, TABLE)
 
 
 # broadcast_tensors takes a list of tensors, which check_parity would hold static: the list is traced here

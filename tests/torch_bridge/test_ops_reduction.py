@@ -10,7 +10,7 @@ import torch
 
 import torch_bridge.ops.reduction as reduction
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
-from tests.torch_bridge.parity import assert_signature_matches_schema, check_parity, to_jax
+from tests.torch_bridge.parity import JitTable, assert_signature_matches_schema, check_parity, to_jax
 
 aten = torch.ops.aten
 _g = torch.Generator().manual_seed(1)
@@ -186,9 +186,12 @@ row(aten.norm.ScalarOpt_dtype, F(3, 4), 3, dtype=torch.float32)
 # checking (the harness is tests/torch_bridge/parity.py)
 # ---------------------------------------------------------------------------------------------------------------
 
+TABLE = JitTable(ROWS)
+
+
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)
 def test_parity(op, args, kwargs, tol):
-    check_parity(op, args, kwargs, tol)
+    check_parity(op, args, kwargs, tol, TABLE)
 
 
 # ---------------------------------------------------------------------------------------------------------------

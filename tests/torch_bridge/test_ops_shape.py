@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import torch_bridge.ops.shape  # noqa: F401  (registers shape + indexing lowerings)
+from tests.torch_bridge.parity import JitTable, run_lowering
 from torch_bridge.ops.registry import lookup, to_numpy
 
 aten = torch.ops.aten
@@ -29,33 +30,6 @@ def T(*shape, dtype=torch.float32, low=-5, high=5):
     if not dtype.is_floating_point:
         return torch.randint(low, high, shape, generator=_gen, dtype=dtype)
     return torch.randn(shape, generator=_gen).to(dtype)
-
-
-def to_jax(v):
-    if isinstance(v, torch.Tensor):
-        return jnp.asarray(to_numpy(v))
-    if isinstance(v, (list, tuple)):
-        return type(v)(to_jax(e) for e in v)
-    if isinstance(v, dict):
-        return {k: to_jax(e) for k, e in v.items()}
-    return v
-
-
-def run_lowering(op, args=(), kwargs=None, jit=True, **extra):
-    """The lowering on the torch arguments turned into JAX ones; under jit only the arrays are traced."""
-    fn = lookup(op).fn
-    jargs, jkw = to_jax(tuple(args)), to_jax(kwargs or {})
-    if not jit:
-        return fn(*jargs, **jkw, **extra)
-    leaves, tree = jax.tree.flatten((jargs, jkw))
-    dyn = [isinstance(leaf, jax.Array) for leaf in leaves]
-
-    def f(*arrays):
-        it = iter(arrays)
-        a, k = jax.tree.unflatten(tree, [next(it) if d else leaf for leaf, d in zip(leaves, dyn)])
-        return fn(*a, **k, **extra)
-
-    return jax.jit(f)(*[leaf for leaf, d in zip(leaves, dyn) if d])
 
 
 def assert_same(expected, got, rtol=1e-6, atol=1e-6):
@@ -76,11 +50,13 @@ def assert_same(expected, got, rtol=1e-6, atol=1e-6):
     np.testing.assert_allclose(g, want, rtol=rtol, atol=atol)
 
 
-def check(op, args=(), kwargs=None, jit=True, rtol=1e-6, atol=1e-6):
+def check(op, args=(), kwargs=None, jit=True, rtol=1e-6, atol=1e-6, table: JitTable | None = None):
+    """The lowering equals the torch op eagerly and (``jit``) under jit: the row's result from ``table`` if given."""
     expected = op(*args, **(kwargs or {}))
     assert_same(expected, run_lowering(op, args, kwargs, jit=False), rtol, atol)
     if jit:
-        assert_same(expected, run_lowering(op, args, kwargs, jit=True), rtol, atol)
+        got = table.run(op, args, kwargs) if table is not None else run_lowering(op, args, kwargs, jit=True)
+        assert_same(expected, got, rtol, atol)
 
 
 _case_no = itertools.count()
@@ -202,9 +178,12 @@ CASES = [
 ]
 
 
+TABLE = JitTable(CASES)
+
+
 @pytest.mark.parametrize("op,args,kwargs", CASES)
 def test_parity(op, args, kwargs):
-    check(op, args, kwargs)
+    check(op, args, kwargs, table=TABLE)
 
 
 @pytest.mark.parametrize("op,args,expected", [

@@ -154,6 +154,7 @@ def test_round_trip_after_sgd(name):
     moved = max(float(jnp.abs(params[k] - bm.params[k]).max()) for k in params)
     assert moved > 1e-3  # the steps did something
     restored = bm.to_torch(params, buffers).eval()
+    assert restored is bm.module  # loaded into the module that was converted, not a copy
     ours, _ = eval_forward(name)(params, buffers, *np_inputs(x))
     with torch.no_grad():
         assert_close(ours, restored(*x))
