@@ -1,9 +1,9 @@
 """Every Python block of the README runs as written, in order, in one namespace.
 
-The one change made to the text (the "switch" the README mentions): training is cut to 2 batches, every
-``max_duration="..."`` becoming ``"2ba"`` and ``jaxcomposer.fit(path)`` getting the overrides
-``max_duration=2ba`` and a temporary ``run_dir``. Nothing else is rewritten, so a block that names something it
-never defines fails here.
+The one change made to the text (the switch the README mentions): training is cut to 2 batches and evaluation to 1,
+every ``max_duration="..."`` becoming ``"2ba"``, every ``Trainer(`` getting ``eval_subset_num_batches=1`` and
+``jaxcomposer.fit(path)`` the overrides ``max_duration=2ba``, ``eval_subset_num_batches=1`` and a temporary
+``run_dir``. Nothing else is rewritten, so a block that names something it never defines fails here.
 """
 import re
 from pathlib import Path
@@ -20,8 +20,10 @@ def python_blocks(text: str) -> list[str]:
 
 def shortened(code: str, run_dir: Path) -> str:
     code = re.sub(r'max_duration="[^"]+"', 'max_duration="2ba"', code)
+    code = re.sub(r'\bTrainer\(', 'Trainer(eval_subset_num_batches=1, ', code)
     return re.sub(r'jaxcomposer\.fit\(("[^"]+")\)',
-                  rf'jaxcomposer.fit(\1, ["max_duration=2ba", "run_dir={run_dir}", "progress_bar=false"])', code)
+                  rf'jaxcomposer.fit(\1, ["max_duration=2ba", "eval_subset_num_batches=1", "run_dir={run_dir}", '
+                  r'"progress_bar=false"])', code)
 
 
 def test_readme_has_the_blocks_we_expect():

@@ -13,7 +13,6 @@ from jaxcomposer.trainer import step as step_lib
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 from tests.torch_bridge.test_trainer_bridge import image_loaders
 
-torchmetrics = pytest.importorskip("torchmetrics")
 # its exports and compiles are shared through module-level fixtures: keep its tests on one xdist worker
 pytestmark = pytest.mark.xdist_group("test_composer_model")
 
@@ -36,8 +35,11 @@ class Net(ComposerModel):
         self.pool = nn.MaxPool2d(2)
         self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
         self.fc = nn.Linear(32, num_classes)
-        self.train_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
-        self.val_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+        # imported here, not at the top: importing torchmetrics takes ~9 s, which every xdist worker would pay
+        # while collecting the suite
+        from torchmetrics import Accuracy
+        self.train_accuracy = Accuracy(task="multiclass", num_classes=num_classes)
+        self.val_accuracy = Accuracy(task="multiclass", num_classes=num_classes)
 
     def forward(self, batch):
         inputs, _ = batch
@@ -144,9 +146,6 @@ def test_composer_model_loss_and_gradients_equal_torch():
 
 
 # ---------------------------------------------------------------------------------------------- Hugging Face
-transformers = pytest.importorskip("transformers")
-
-
 def _hf_batch(kind: str, n: int = 4, t: int = 12, vocab: int = 96):
     g = np.random.default_rng(3)
     ids = g.integers(1, vocab, (n, t))
@@ -163,6 +162,8 @@ def _hf_batch(kind: str, n: int = 4, t: int = 12, vocab: int = 96):
 
 
 def _hf_model(kind: str):
+    import transformers  # not at the top, as torchmetrics above
+
     torch.manual_seed(0)
     if kind == "causal":
         cfg = transformers.GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=2,
