@@ -5,13 +5,14 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   through JAX's persistent compilation cache, in a directory made fresh for each run: many tests build the same
   step for the same model and recipe (the contract's straight and resumed Trainers), and the second build then
   costs a trace instead of an XLA compile. Only compiles slower than 0.3 s are stored, so the thousands of
-  one-op compiles of the bridge's op tests do not pay for writing entries nobody reads;
+  one-op compiles of eager code do not pay for writing entries nobody reads;
 - tests compile without most XLA optimizations (``jax_disable_most_optimizations``) and with XLA:CPU's older
   elemental emitters in place of its fusion emitters (``--xla_cpu_use_fusion_emitters=false``), both inherited by
-  the subprocesses tests start: together about three times as fast to compile (a ResNet train step: 5.7 s -> 1.9 s). Every assertion still holds (bitwise equalities
-  compare runs of one build; parity tolerances are the fixed ones). The SIGKILL-and-autoresume runs
-  (tests/trainer/test_fault_injection.py) compile optimized, so bitwise resume is still checked in the
-  configuration users run.
+  the subprocesses tests start: together about three times as fast to compile (a small ResNet's train step: 5.7 s
+  -> 1.9 s). Every assertion still holds (bitwise equalities compare runs of one build; parity tolerances are the
+  fixed ones). The SIGKILL-and-autoresume runs (tests/trainer/test_fault_injection.py) compile as users do,
+  optimized and with the default emitters, so bitwise resume is still checked in the configuration users run;
+- the bridge's op tables compile once per table, not once per row (tests/torch_bridge/parity.py, ``JitTable``).
 """
 import os
 import shutil

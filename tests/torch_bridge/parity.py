@@ -121,7 +121,16 @@ class JitTable:
                     outs.append(None)
             return outs
 
-        outs = jax.jit(every_row)(inputs)
+        try:
+            outs = jax.jit(every_row)(inputs)
+        except Exception:  # a failure past tracing (XLA's): one jit per row, so that it lands on its own row
+            outs = [None] * len(calls)
+            for i, (call, arrays) in enumerate(zip(calls, inputs)):
+                if i not in errors:
+                    try:
+                        outs[i] = jax.jit(call)(arrays)
+                    except Exception as e:
+                        errors[i] = e
         return [errors.get(i, out) for i, out in enumerate(outs)]
 
 

@@ -59,10 +59,17 @@ def assert_close(ours, ref, tol=MODEL_TOL):
 
 
 @functools.cache
-def eval_forward(name):
-    """The jitted eval forward of a zoo model, compiled once and shared by the tests below."""
-    bm = bridged(name)[2]
-    return jit(lambda p, b, *xs: bm.apply(p, b, None, *xs, train=False))
+def eval_with_grads(name):
+    """``(params, buffers) -> ((loss, (outputs, new_buffers)), grads)``: a zoo model's eval forward on its inputs,
+    with the cross-entropy and its gradients; one compile shared by the eval, gradient and round-trip tests."""
+    _, _, bm, x, y = bridged(name)
+    xs, yj = np_inputs(x), jnp.asarray(y.numpy())
+
+    def loss(params, buffers):
+        out, new_buffers = bm.apply(params, buffers, None, *xs, train=False)
+        return ce_jax(out, yj), (out, new_buffers)
+
+    return jit(jax.value_and_grad(loss, has_aux=True))
 
 
 SGD_STEPS = 3
@@ -100,7 +107,7 @@ def test_eval_forward_parity(case):
     m = copy.deepcopy(ref).eval()
     with torch.no_grad():
         expected = m(*x)
-    out, new_buffers = eval_forward(name)(bm.params, bm.buffers, *np_inputs(x))
+    (_, (out, new_buffers)), _ = eval_with_grads(name)(bm.params, bm.buffers)
     assert out.shape == tuple(expected.shape)
     assert_close(out, expected)
     for k, v in new_buffers.items():  # eval leaves buffers alone
@@ -108,11 +115,10 @@ def test_eval_forward_parity(case):
 
 
 def test_grad_parity_eval_mode(case):
-    _, ref, bm, x, y = case
+    name, ref, bm, x, y = case
     m = copy.deepcopy(ref).eval()
     ce_torch(m(*x), y).backward()
-    loss_fn = lambda p: ce_jax(bm.apply(p, bm.buffers, None, *np_inputs(x), train=False)[0], jnp.asarray(y.numpy()))
-    loss, grads = jit(jax.value_and_grad(loss_fn))(bm.params)
+    (loss, _), grads = eval_with_grads(name)(bm.params, bm.buffers)
     with torch.no_grad():
         assert_close(loss, ce_torch(m(*x), y))
     torch_params = dict(m.named_parameters())  # torch de-duplicates tied parameters too
@@ -155,7 +161,7 @@ def test_round_trip_after_sgd(name):
     assert moved > 1e-3  # the steps did something
     restored = bm.to_torch(params, buffers).eval()
     assert restored is bm.module  # loaded into the module that was converted, not a copy
-    ours, _ = eval_forward(name)(params, buffers, *np_inputs(x))
+    (_, (ours, _)), _ = eval_with_grads(name)(params, buffers)
     with torch.no_grad():
         assert_close(ours, restored(*x))
     for k, v in restored.state_dict().items():  # dtypes preserved (int64 num_batches_tracked, ...)
