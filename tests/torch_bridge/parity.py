@@ -161,6 +161,28 @@ def check_parity(op, args, kwargs, tol, table: JitTable | None = None):
     assert_matches(jitted, expected, tol, "jit")
 
 
+def grads_against_torch(op, args, kwargs, wrt):
+    """``(jax_grads, torch_grads)``: the gradients of ``sum(out * w)`` with respect to ``args[i]`` for each ``i`` in
+    ``wrt``, from the lowering under ``jax.jit(jax.grad)`` and from torch autograd on the op itself. ``w`` are fixed
+    random weights of the output's shape, so every output element counts; of a tuple output (values, indices) the
+    first element is used."""
+    first = lambda out: out[0] if isinstance(out, (tuple, list)) else out
+    targs = [a.detach().clone().requires_grad_(i in wrt) if isinstance(a, torch.Tensor) else a
+             for i, a in enumerate(args)]
+    out = first(op(*targs, **kwargs))
+    w = torch.rand(out.shape, generator=torch.Generator().manual_seed(0)) + 0.5
+    torch_grads = torch.autograd.grad((out * w).sum(), [targs[i] for i in wrt])
+    fn, jargs, jkwargs, jw = lookup(op).fn, list(to_jax(tuple(args))), to_jax(kwargs), jnp.asarray(w.numpy())
+
+    def weighted_sum(diff):
+        a = list(jargs)
+        for i, v in zip(wrt, diff):
+            a[i] = v
+        return jnp.sum(first(fn(*a, **jkwargs)) * jw)
+
+    return jax.jit(jax.grad(weighted_sum))([jargs[i] for i in wrt]), torch_grads
+
+
 def assert_signature_matches_schema(op) -> None:
     """The lowering of ``op`` takes the ATen schema's arguments: positional ones in the schema's order, every schema
     argument by name, the schema's default wherever it has one, and no required argument the schema does not require."""

@@ -1,7 +1,7 @@
-"""``BridgedModel``'s own behaviour on a Conv-BN CNN and a small tied-weight GPT: what conversion keeps, eager equals jit,
-dropout keys, BatchNorm statistics, tied weights, the PureModel protocol, static/dynamic batch, structured outputs,
-unsupported ops. Output, gradient and round-trip parity with torch for these kinds of model (and the rest of the zoo)
-are tests/torch_bridge/test_zoo_parity.py's."""
+"""``BridgedModel``'s own behaviour on a Conv-BN CNN and a small tied-weight GPT: what conversion keeps, eager
+equals jit, dropout keys, BatchNorm statistics, tied weights, the PureModel protocol, static/dynamic batch,
+structured outputs, unsupported ops. Output, gradient and round-trip parity with torch for these kinds of model
+(and the rest of the zoo) are tests/torch_bridge/test_zoo_parity.py's."""
 import copy
 import functools
 

@@ -3,15 +3,13 @@ every row runs eagerly and under ``jax.jit``. One table row per case."""
 import inspect
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 import torch_bridge.ops.elementwise as elementwise
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
-from tests.torch_bridge.parity import JitTable, check_parity, to_jax
+from tests.torch_bridge.parity import JitTable, check_parity, grads_against_torch
 
 aten = torch.ops.aten
 
@@ -323,32 +321,12 @@ GRAD_ROWS = [
 ]
 
 
-def check_grad(op, args, kwargs):
-    """d(sum(out * w))/d(each float tensor input), torch autograd against jax.grad."""
-    args = tuple(a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                 for a in args)
-    out = op(*args, **kwargs)
-    w = torch.rand(out.shape, generator=_g)
-    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    torch_grads = torch.autograd.grad((out * w).sum(), leaves)
-    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    jargs = [to_jax(a) for a in args]
-    fn = lookup(op).fn
-
-    def loss(diff):
-        a = list(jargs)
-        for i, v in zip(idx, diff):
-            a[i] = v
-        return jnp.sum(fn(*a, **kwargs) * jnp.asarray(w.numpy()))
-
-    jax_grads = jax.jit(jax.grad(loss))([jargs[i] for i in idx])
-    for g, t in zip(jax_grads, torch_grads):
-        np.testing.assert_allclose(np.asarray(g), t.numpy(), atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize(("op", "args", "kwargs"), GRAD_ROWS)
 def test_grad_parity(op, args, kwargs):
-    check_grad(op, args, kwargs)
+    """d(sum(out * w))/d(each float tensor input), torch autograd against jax.grad."""
+    wrt = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    for got, want in zip(*grads_against_torch(op, args, kwargs, wrt)):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torch_bridge.ops.loss as loss_ops
 from tests.torch_bridge.parity import (LAYER_TOL, MODEL_TOL, JitTable, assert_close_on_scale,
-                                      assert_signature_matches_schema, check_parity, to_jax)
+                                      assert_signature_matches_schema, check_parity, grads_against_torch)
 from torch_bridge import from_torch
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
 
@@ -248,19 +248,7 @@ grad_row("bce_logits-target", bcel, F32(4, 5), P(4, 5), None, W(5), SUM, wrt=1)
 
 @pytest.mark.parametrize(("op", "args", "kwargs", "wrt"), GRAD_ROWS)
 def test_grad_parity(op, args, kwargs, wrt):
-    args = list(args)
-    args[wrt] = args[wrt].clone().requires_grad_(True)
-    out = op(*args, **kwargs)
-    cot = torch.rand(out.shape, generator=_g) + 0.5  # a weighted sum, so 'none' outputs are checked per element
-    (want,) = torch.autograd.grad((out * cot).sum(), [args[wrt]])
-    fn = lookup(op).fn
-    jargs = [to_jax(a.detach() if isinstance(a, torch.Tensor) else a) for a in args]
-    jkwargs = {k: to_jax(v) for k, v in kwargs.items()}
-
-    def scalar(x):
-        return jnp.sum(fn(*jargs[:wrt], x, *jargs[wrt + 1:], **jkwargs) * jnp.asarray(cot.numpy()))
-
-    got = jax.jit(jax.grad(scalar))(jargs[wrt])
+    ((got,), (want,)) = grads_against_torch(op, args, kwargs, [wrt])
     assert bool(jnp.isfinite(got).all()) == bool(torch.isfinite(want).all()), "NaN/inf where torch has none"
     assert_close_on_scale(got, want, LAYER_TOL, f"d/d(arg {wrt})")
 

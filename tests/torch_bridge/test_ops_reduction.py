@@ -2,15 +2,13 @@
 ``jax.jit``), gradient parity where torch's choice is specific, and the core-ATen coverage of ``reduction.py``."""
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 import torch_bridge.ops.reduction as reduction
 from torch_bridge.ops.registry import core_aten_overloads, lookup, registered_ops
-from tests.torch_bridge.parity import JitTable, assert_signature_matches_schema, check_parity, to_jax
+from tests.torch_bridge.parity import JitTable, assert_signature_matches_schema, check_parity, grads_against_torch
 
 aten = torch.ops.aten
 _g = torch.Generator().manual_seed(1)
@@ -220,21 +218,8 @@ GRAD_ROWS = [
 
 @pytest.mark.parametrize(("op", "args"), GRAD_ROWS)
 def test_grad_parity(op, args):
-    args = tuple(a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args)
-    out = op(*args)
-    out = out[0] if isinstance(out, tuple) else out
-    w = torch.rand(out.shape, generator=_g)
-    (torch_grad,) = torch.autograd.grad((out * w).sum(), [args[0]])
-    fn = lookup(op).fn
-    rest = [to_jax(a) for a in args[1:]]
-
-    def loss(x):
-        y = fn(x, *rest)
-        y = y[0] if isinstance(y, tuple) else y
-        return jnp.sum(y * jnp.asarray(w.numpy()))
-
-    got = jax.jit(jax.grad(loss))(to_jax(args[0].detach()))
-    np.testing.assert_allclose(np.asarray(got), torch_grad.numpy(), atol=1e-5, rtol=1e-5)
+    ((got,), (want,)) = grads_against_torch(op, args, {}, [0])
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------

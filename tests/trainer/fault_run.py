@@ -1,12 +1,12 @@
 """A training run for the fault-injection tests, launched as its own process so it can be SIGKILLed.
 
-``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume] [--restored PATH] [--small]``: trains an MLP with dropout
-under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving asynchronously every 2 batches to
-``FOLDER``; at the end writes every leaf of the train state, the timestamp and the loader position to ``OUT``
-(an ``.npz``); ``--restored`` also writes the state as it was right after building the trainer (after
-autoresume restored it). The hidden layer is wide (about 4M parameters with momentum and EMA: ~50 MB per checkpoint) so a
-save takes long enough for a kill to land inside it; ``--small`` trains a narrow one where no kill has to land (a few
-seconds less per run, most of them saves).
+``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume] [--restored PATH] [--small]``:
+trains an MLP with dropout under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving
+asynchronously every 2 batches to ``FOLDER``; at the end writes every leaf of the train state, the timestamp and the
+loader position to ``OUT`` (an ``.npz``); ``--restored`` also writes the state as it was right after building the
+trainer (after autoresume restored it). The hidden layer is wide (about 4M parameters with momentum and EMA: ~50 MB
+per checkpoint) so a save takes long enough for a kill to land inside it; ``--small`` trains a narrow one where no
+kill has to land (a few seconds less per run, most of them saves).
 """
 import os
 import sys
@@ -40,7 +40,8 @@ def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: st
     from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
     from tests.trainer.helpers import digits
 
-    task = ComposerClassifier(MLP(64, hidden=(64,) if small else (4096, 512), num_classes=10, dropout=0.2, rngs=nnx.Rngs(0)),
+    hidden = (64,) if small else (4096, 512)
+    task = ComposerClassifier(MLP(64, hidden=hidden, num_classes=10, dropout=0.2, rngs=nnx.Rngs(0)),
                               num_classes=10)
     loader = ArrayLoader(digits("train", 512), 32, seed=5)
     trainer = Trainer(model=task, train_dataloader=loader, max_duration=f"{max_batches}ba",

@@ -100,7 +100,8 @@ def test_sigkill_at_random_moments_then_autoresume_is_bitwise(tmp_path):
 def test_restore_from_8_devices_onto_1_and_back(tmp_path):
     folder = tmp_path / "ck"
     finish(launch(folder, 8, 6, tmp_path / "eight.npz", "--small"))
-    finish(launch(folder, 1, 10, tmp_path / "one.npz", "--autoresume", "--restored", tmp_path / "on_one.npz", "--small"))
+    finish(launch(folder, 1, 10, tmp_path / "one.npz", "--autoresume", "--restored", tmp_path / "on_one.npz",
+                  "--small"))
     # (a freshly built trainer has not yet moved its loader: fit seeks it from the timestamp)
     assert_same_bits(tmp_path / "eight.npz", tmp_path / "on_one.npz", skip=["loader"])
     finish(launch(folder, 8, 12, tmp_path / "eight_again.npz", "--autoresume", "--restored",
