@@ -44,3 +44,18 @@ def test_hparams_as_text(tmp_path):
     tb.close(None, None)
     data = b"".join(f.read_bytes() for f in tmp_path.glob("events.out.tfevents.*"))
     assert b"hparams" in data and b"lr" in data
+
+
+def test_writing_scalars_does_not_import_torch(tmp_path):
+    """tensorboardX would import torch (4 s of start-up) only to name a type; a run that logs floats skips it, and
+    torch stays importable afterwards."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from jaxcomposer.loggers import TensorboardLogger; "
+            f"log = TensorboardLogger({str(tmp_path)!r}); log.log_metrics({{'loss': 1.5}}, 3); log.flush(); "
+            "assert 'torch' not in sys.modules, 'torch was imported'; import torch; print(torch.ones(1).sum().item())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1.0"
+    assert read_scalars(tmp_path) == {"loss": [(3, 1.5)]}
