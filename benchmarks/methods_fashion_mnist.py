@@ -81,7 +81,7 @@ class BudgetRecorder(Callback):
 
     def eval_end(self, state, logger):
         self.curve.append((round(self.train_s, 2), int(state.timestamp.batch),
-                           round(float(state.eval_metrics["eval"]["accuracy"]), 4)))
+                           round(float(state.eval_metrics["eval"]["MulticlassAccuracy"]), 4)))
         self._mark = time.perf_counter()
 
 

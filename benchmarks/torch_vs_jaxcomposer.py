@@ -302,7 +302,7 @@ def run_jax(s: dict) -> dict:
 
         def eval_end(self, state, logger):
             self.history.append({"epoch": int(state.timestamp.epoch),
-                                 "accuracy": float(state.eval_metrics["eval"]["accuracy"]),
+                                 "accuracy": float(state.eval_metrics["eval"]["MulticlassAccuracy"]),
                                  "wall_s": time.perf_counter() - self.t_start,
                                  "train_s_cumulative": self.train_time})
 

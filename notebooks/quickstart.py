@@ -88,7 +88,7 @@ print(state.eval_metrics["eval"])
 
 # %%
 loss = logger.data["loss/train/total"]
-acc = logger.data["metrics/eval/accuracy"]
+acc = logger.data["metrics/eval/MulticlassAccuracy"]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
 ax1.plot([s for s, _ in loss], [v for _, v in loss])
 ax1.set(xlabel="batch", ylabel="training loss")

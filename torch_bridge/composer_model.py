@@ -83,8 +83,6 @@ class TorchComposerTask(Task):
     forward (MixUp, CutMix without ``interpolate_loss``) change the forward's input signature and are refused.
     """
 
-    eval_metric_names = ()
-
     def __init__(self, model: torch.nn.Module):
         if not is_composer_model(model):
             raise TypeError(f"TorchComposerTask: expected a torch module with forward(batch) and loss(outputs, batch), "
@@ -155,9 +153,6 @@ class TorchComposerTask(Task):
         loss, _ = graph.apply({}, graph.buffers, None, *leaves, *tensors, train=True)
         n = jax.tree_util.tree_leaves(tensors)[0].shape[0]
         return jnp.broadcast_to(jnp.asarray(loss, jnp.float32), (n,))
-
-    def metrics(self, outputs, batch) -> dict:
-        return {}
 
     def num_samples(self, batch) -> int:
         return int(jax.tree_util.tree_leaves(self._tensors(batch))[0].shape[0])

@@ -17,8 +17,9 @@ from jaxcomposer.core.time import Time, TimeUnit
 __all__ = ["EarlyStopper", "ThresholdStopper", "infer_comp"]
 
 TRAIN_LABEL = "train"
-# Composer: less-is-better for monitors whose names contain 'loss', 'error' or 'perplexity'; we add a few more.
-_LOWER_IS_BETTER = ("loss", "error", "perplexity", "cross_entropy", "nll", "mse", "mae")
+# Composer: less-is-better for monitors whose names contain 'loss', 'error' or 'perplexity'; we add a few more, among
+# them its own CrossEntropy/LanguageCrossEntropy metrics (which Composer's rule would read as greater-is-better).
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "cross_entropy", "crossentropy", "nll", "mse", "mae")
 _COMP_NAMES = {"greater": "greater", "gt": "greater", "less": "less", "lt": "less"}
 
 
@@ -35,7 +36,7 @@ def infer_comp(monitor: str, comp: str | Callable | None) -> str | Callable:
 
 def _check_names(monitor: Any, dataloader_label: Any) -> None:
     if not isinstance(monitor, str) or not monitor:
-        raise ValueError(f"monitor must be a non-empty metric name such as 'accuracy', got {monitor!r}.")
+        raise ValueError(f"monitor must be a non-empty metric name such as 'MulticlassAccuracy', got {monitor!r}.")
     if not isinstance(dataloader_label, str) or not dataloader_label:
         raise ValueError(f"dataloader_label must be a non-empty evaluator label or 'train', got {dataloader_label!r}.")
 

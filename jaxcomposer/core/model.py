@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.core import adapters
+from jaxcomposer.metrics import Metric
 
 Batch = Mapping[str, Any]
 ApplyFn = Callable[..., tuple[Any, Any]]
@@ -142,9 +143,9 @@ def _is_var(v) -> bool:
 class Task:
     """Base of the task wrappers (Composer's ``ComposerModel``).
 
-    Subclasses set ``input_key`` and implement ``loss`` and ``metrics``; both return one value per example.
-    ``eval_metric_names`` lists what ``metrics`` returns; ``finalize`` turns means into reported values
-    (perplexity from mean cross-entropy, ...).
+    Subclasses set ``input_key`` and implement ``loss``, one value per example. Evaluation asks ``get_metrics``
+    for the metrics (``jaxcomposer.metrics``: pure sum states, run inside the jitted eval step) and feeds each of
+    them ``metric_inputs(outputs, batch)``.
     """
 
     input_key: str = "input"
@@ -202,11 +203,14 @@ class Task:
     def loss(self, outputs, batch: Batch) -> jax.Array:  # (B,)
         raise NotImplementedError
 
-    def metrics(self, outputs, batch: Batch) -> dict[str, jax.Array]:  # name -> (B,)
-        raise NotImplementedError
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        """The evaluation metrics by name, as Composer's ``ComposerModel.get_metrics`` (the Trainer asks with
+        ``is_train=False``); none by default."""
+        return {}
 
-    def finalize(self, means: Mapping[str, float]) -> dict[str, float]:
-        return dict(means)
+    def metric_inputs(self, outputs, batch: Batch) -> tuple[Any, Any]:
+        """What every metric's ``update`` compares: ``(predictions, targets)``."""
+        return outputs, batch[self.target_key]
 
     def num_samples(self, batch: Batch) -> int:
         return int(jax.tree_util.tree_leaves(batch[self.input_key])[0].shape[0])

@@ -3,11 +3,13 @@ from jaxcomposer.loggers.console import ConsoleLogger
 from jaxcomposer.loggers.in_memory import InMemoryLogger
 from jaxcomposer.loggers.jsonl import JSONLLogger, read_jsonl
 from jaxcomposer.loggers.logger import Logger, LoggerDestination
+from jaxcomposer.loggers.mlflow import MLFlowLogger
 from jaxcomposer.loggers.plot import PlotLogger
 from jaxcomposer.loggers.progress_bar import ProgressBarLogger
 from jaxcomposer.loggers.tensorboard import TensorboardLogger
+from jaxcomposer.loggers.wandb import WandBLogger
 
 __all__ = [
     "Logger", "LoggerDestination", "ConsoleLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl", "PlotLogger",
-    "ProgressBarLogger", "TensorboardLogger",
+    "ProgressBarLogger", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
 ]

@@ -50,7 +50,7 @@ class ConsoleLogger(LoggerDestination):
         ts = state.timestamp
         for label, metrics in evaluated.items():
             for name, value in metrics.items():
-                if "accuracy" in name and value == value:  # skip NaN
+                if "accuracy" in name.lower() and value == value:  # MulticlassAccuracy, MaskedAccuracy; skip NaN
                     key = f"{label}/{name}"
                     self._best_accuracy[key] = max(value, self._best_accuracy.get(key, value))
             text = "  ".join(f"{name}={format_metric(float(v))}" for name, v in metrics.items())

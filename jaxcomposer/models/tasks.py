@@ -1,4 +1,4 @@
-"""Composer-style task wrappers: what to feed the model, the per-example loss and the per-example metrics."""
+"""Composer-style task wrappers: what to feed the model, the per-example loss and the evaluation metrics."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -8,6 +8,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.core.model import Batch, Task, soft_cross_entropy
+from jaxcomposer.metrics import (CrossEntropy, LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric,
+                                 MulticlassAccuracy)
+from jaxcomposer.metrics.base import check_metrics
 
 
 def _infer_num_classes(module: Any) -> int | None:
@@ -20,43 +23,49 @@ class ComposerClassifier(Task):
     """Batch ``{'input': x, 'target': y}`` with ``y`` int ``(B,)`` or soft ``(B, C)``.
 
     ``loss_fn(logits, target) -> (B,)`` defaults to soft cross-entropy, so MixUp/CutMix/label smoothing can hand
-    dense targets to the same task. Metrics always report plain cross-entropy, whatever the training loss is.
+    dense targets to the same task. ``val_metrics`` (a metric, a list or a name -> metric dict) default to
+    Composer's: ``CrossEntropy`` and micro ``MulticlassAccuracy``; they always see the plain targets, whatever the
+    training loss is.
     """
 
     input_key = "input"
     target_key = "target"
-    eval_metric_names = ("accuracy", "cross_entropy")
 
     def __init__(self, module: Any, num_classes: int | None = None,
-                 loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = soft_cross_entropy):
+                 loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = soft_cross_entropy, *,
+                 val_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
         super().__init__(module)
         self.num_classes = num_classes if num_classes is not None else _infer_num_classes(module)
         self.loss_fn = loss_fn
+        self.val_metrics = check_metrics(val_metrics, "ComposerClassifier(val_metrics=...)") if val_metrics \
+            is not None else {"CrossEntropy": CrossEntropy(), "MulticlassAccuracy": MulticlassAccuracy(self.num_classes)}
 
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
         return self.loss_fn(outputs, batch[self.target_key])
 
-    def metrics(self, outputs: jax.Array, batch: Batch) -> dict[str, jax.Array]:
-        target = batch[self.target_key]
-        labels = target if jnp.issubdtype(target.dtype, jnp.integer) else jnp.argmax(target, axis=-1)
-        correct = (jnp.argmax(outputs, axis=-1) == labels).astype(jnp.float32)
-        return {"accuracy": correct, "cross_entropy": soft_cross_entropy(outputs, target)}
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        return dict(self.val_metrics)
 
 
 class ComposerCausalLM(Task):
     """Batch ``{'input_ids': (B, T+1) int}``: the model reads ``[:, :-1]`` and predicts ``[:, 1:]``.
 
     An optional ``'labels'`` entry ``(B, T)``, already aligned with the logits, replaces ``input_ids[:, 1:]`` as
-    the targets (e.g. to mask prompt tokens with ``ignore_index``). Loss and metrics are per-sequence means over
-    the non-ignored positions (a fully ignored sequence contributes 0).
+    the targets (e.g. to mask prompt tokens with ``ignore_index``). The training loss is each sequence's mean over
+    its non-ignored positions (a fully ignored sequence contributes 0). ``eval_metrics`` default to per-token
+    ``LanguageCrossEntropy``, ``LanguagePerplexity`` and ``MaskedAccuracy``: every non-ignored token counts once,
+    whichever sequence it is in.
     """
 
     input_key = "input_ids"
-    eval_metric_names = ("cross_entropy", "accuracy")
 
-    def __init__(self, module: Any, ignore_index: int = -100):
+    def __init__(self, module: Any, ignore_index: int = -100, *,
+                 eval_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
         super().__init__(module)
         self.ignore_index = ignore_index
+        self.eval_metrics = check_metrics(eval_metrics, "ComposerCausalLM(eval_metrics=...)") if eval_metrics \
+            is not None else check_metrics([LanguageCrossEntropy(ignore_index), LanguagePerplexity(ignore_index),
+                                            MaskedAccuracy(ignore_index)], "ComposerCausalLM")
 
     def model_inputs(self, batch: Batch):
         return batch[self.input_key][:, :-1]
@@ -68,28 +77,18 @@ class ComposerCausalLM(Task):
                              "'input_ids' must be (B, T+1) and 'labels', if given, (B, T).")
         return targets
 
-    def _token_stats(self, logits: jax.Array, batch: Batch):
-        targets = self._targets(logits, batch)
-        mask = targets != self.ignore_index
-        safe = jnp.where(mask, targets, 0)
-        ce = soft_cross_entropy(logits, safe)  # (B, T)
-        correct = (jnp.argmax(logits, axis=-1) == safe).astype(jnp.float32)
-        m = mask.astype(jnp.float32)
-        count = jnp.maximum(m.sum(-1), 1.0)
-        return (ce * m).sum(-1) / count, (correct * m).sum(-1) / count
-
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
-        return self._token_stats(outputs, batch)[0]
+        targets = self._targets(outputs, batch)
+        mask = targets != self.ignore_index
+        ce = soft_cross_entropy(outputs, jnp.where(mask, targets, 0))  # (B, T)
+        m = mask.astype(jnp.float32)
+        return (ce * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
 
-    def metrics(self, outputs: jax.Array, batch: Batch) -> dict[str, jax.Array]:
-        ce, acc = self._token_stats(outputs, batch)
-        return {"cross_entropy": ce, "accuracy": acc}
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        return dict(self.eval_metrics)
 
-    def finalize(self, means: Mapping[str, float]) -> dict[str, float]:
-        out = dict(means)
-        if "cross_entropy" in out:
-            out["perplexity"] = float(jnp.exp(out["cross_entropy"]))
-        return out
+    def metric_inputs(self, outputs, batch: Batch):
+        return outputs, self._targets(outputs, batch)
 
     def num_tokens(self, batch: Batch) -> int:
         b, t1 = batch[self.input_key].shape

@@ -7,7 +7,7 @@ Every slot gets the step's one ``StepCtx`` (docs/design.md, "The train step").
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
 from jaxcomposer.core.state import TrainState
+from jaxcomposer.metrics.base import Metric, batch_states
 
 _FORWARD_KEY = 0x5EED  # fold-in tag for the model's own randomness (dropout), distinct from method keys
 
@@ -154,16 +155,18 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
     return train_step
 
 
-def make_eval_step(task, composed: Composed, run: RunInfo, *, precision: str = "fp32") -> Callable:
-    """``eval_step(state, batch, mask) -> ({metric: masked sum}, count)``: sums, so batches add up exactly and
-    padded examples (mask 0) count for nothing. Methods with an ``eval`` slot (EMA) choose the weights."""
+def make_eval_step(task, composed: Composed, run: RunInfo, metrics: Mapping[str, Metric], *,
+                   precision: str = "fp32") -> Callable:
+    """``eval_step(state, batch, mask) -> {metric name: this batch's sums}``: padded examples (mask 0) count for
+    nothing and the batches' sums add up exactly (``jaxcomposer.metrics.base``). Methods with an ``eval`` slot
+    (EMA) choose the weights."""
     forward = make_forward(task, precision)
 
     def eval_step(state: TrainState, batch: dict, mask: jax.Array):
         params, model_state = eval_weights(composed, state, run)
         outputs, _ = forward(params, model_state, batch, train=False, key=None)
-        per_example = task.metrics(outputs, batch)
-        return {k: (v.astype(jnp.float32) * mask).sum() for k, v in per_example.items()}, mask.sum()
+        preds, target = task.metric_inputs(outputs, batch)
+        return batch_states(metrics, preds, target, mask)
 
     return eval_step
 

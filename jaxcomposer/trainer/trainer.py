@@ -30,6 +30,7 @@ from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer import options
 from jaxcomposer.errors import ConfigurationError, Preempted
+from jaxcomposer.metrics.base import check_metrics, compute_all, sum_states
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
@@ -144,6 +145,10 @@ class Trainer(ReadsPlan):
         self._replan(max_duration)
         # surgery first: on a torch module it runs before export
         self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
+        # checked now, before anything compiles; a task whose metrics live on the host (a torch ComposerModel's
+        # torchmetrics) has none here
+        self.eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
+            self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
         if not self.task.is_bound:
             raw = self._first_raw_batch()
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
@@ -325,10 +330,10 @@ class Trainer(ReadsPlan):
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
         if self._eval_step is None and host is None:
-            self._eval_step = steps.jit_eval_step(
-                steps.make_eval_step(self.task, self.composed, self.run_info, precision=self.precision), self.mesh)
+            self._eval_step = steps.jit_eval_step(steps.make_eval_step(
+                self.task, self.composed, self.run_info, self.eval_metrics, precision=self.precision), self.mesh)
         self._fire(Event.EVAL_START)
-        sums, count, pad_to = {}, 0.0, None
+        parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
         if hasattr(loader, "set_state"):  # every evaluation sees the same batches, from the first one
             loader.set_state({"epoch": 0, "batch_index": 0})
@@ -336,21 +341,16 @@ class Trainer(ReadsPlan):
             if n_batches >= 0 and i >= n_batches:
                 break
             batch = as_batch(raw)
+            count += _batch_size(batch)
             if host is not None:  # unpadded: the metrics see exactly the loader's examples
                 host.update(batch, self._predict_fn()(self.state.train_state, batch))
-                count += _batch_size(batch)
-            else:
+            else:  # each batch's sums stay on the device until the end: no sync per batch
                 pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
-                batch, mask = _pad(batch, pad_to)
-                part, c = self._eval_step(self.state.train_state, batch, mask)
-                sums = {k: sums.get(k, 0.0) + v for k, v in part.items()}
-                count += c
+                parts.append(self._eval_step(self.state.train_state, *_pad(batch, pad_to)))
             self._fire(Event.EVAL_BATCH_END)
-        count = float(count)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
-        metrics = host.compute() if host is not None else \
-            self.task.finalize({k: float(v) / count for k, v in sums.items()})
+        metrics = host.compute() if host is not None else compute_all(self.eval_metrics, sum_states(parts))
         self.state.eval_metrics[label] = metrics
         self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
         self._fire(Event.EVAL_END)

@@ -68,11 +68,11 @@ def test_fit_from_yaml_writes_run_dir(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({**TINY, "run_dir": str(tmp_path / "runs")}))
     result = fit(path)
-    assert result.metrics["accuracy"] > 0.85
+    assert result.metrics["MulticlassAccuracy"] > 0.85
     assert result.wall_time_s > 0
     assert result.run_dir == tmp_path / "runs" / "tiny"
     lines = [json.loads(l) for l in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any("metrics/eval/accuracy" in l.get("metrics", {}) for l in lines)
+    assert any("metrics/eval/MulticlassAccuracy" in l.get("metrics", {}) for l in lines)
     assert (result.run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["max_duration"] == "2ep"
 

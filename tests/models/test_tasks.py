@@ -1,4 +1,5 @@
-"""Task wrappers: per-example losses/metrics, the pure forward under jit(grad), and a tiny fit for each model."""
+"""Task wrappers: per-example losses, their evaluation metrics, the pure forward under jit(grad), and a tiny fit for
+each model."""
 import math
 
 import jax
@@ -9,6 +10,8 @@ import pytest
 from flax import nnx
 
 from jaxcomposer.core.model import PureModel
+from jaxcomposer.metrics import CrossEntropy
+from jaxcomposer.metrics.base import batch_states, compute_all, sum_states
 from jaxcomposer.models import GPT, MLP, ComposerCausalLM, ComposerClassifier, ResNetCIFAR
 
 V = 256
@@ -28,6 +31,13 @@ def eval_forward(task, batch):
     return jax.jit(lambda p, s, b: task.forward(p, s, b, train=False)[0])(task.params, task.state, batch)
 
 
+def evaluate(task, outputs, batch) -> dict[str, float]:
+    """The task's metrics over one batch, as the Trainer's eval step and host sum compute them."""
+    metrics = task.get_metrics()
+    preds, target = task.metric_inputs(outputs, batch)
+    return compute_all(metrics, sum_states([batch_states(metrics, preds, target, jnp.ones(len(target)))]))
+
+
 def test_classifier_num_classes():
     mlp = MLP(4, hidden=(8,), num_classes=7, rngs=nnx.Rngs(0))
     assert ComposerClassifier(mlp).num_classes == 7
@@ -44,17 +54,19 @@ def test_classifier_soft_equals_hard_and_metrics(key):
     hard_loss, soft_loss = task.loss(logits, batch), task.loss(logits, soft)
     assert hard_loss.shape == (8,)
     np.testing.assert_allclose(hard_loss, soft_loss, rtol=1e-6, atol=1e-6)
-    m_hard, m_soft = task.metrics(logits, batch), task.metrics(logits, soft)
-    assert set(m_hard) == set(task.eval_metric_names) == {"accuracy", "cross_entropy"}
-    expected_acc = (jnp.argmax(logits, -1) == batch["target"]).astype(jnp.float32)
+    m_hard, m_soft = evaluate(task, logits, batch), evaluate(task, logits, soft)
+    assert list(m_hard) == ["CrossEntropy", "MulticlassAccuracy"]  # Composer's ComposerClassifier defaults
+    expected_acc = float((jnp.argmax(logits, -1) == batch["target"]).mean())
     for m in (m_hard, m_soft):
-        assert m["accuracy"].shape == (8,)
-        np.testing.assert_array_equal(m["accuracy"], expected_acc)
-        np.testing.assert_allclose(m["cross_entropy"], hard_loss, rtol=1e-6)
+        assert m["MulticlassAccuracy"] == pytest.approx(expected_acc)
+        assert m["CrossEntropy"] == pytest.approx(float(hard_loss.mean()), rel=1e-6)
     # Smoothed targets: accuracy still against the argmax class.
     smooth = {**batch, "target": 0.9 * soft["target"] + 0.01}
-    np.testing.assert_array_equal(task.metrics(logits, smooth)["accuracy"], expected_acc)
-    assert task.finalize({"accuracy": 0.5, "cross_entropy": 1.0}) == {"accuracy": 0.5, "cross_entropy": 1.0}
+    assert evaluate(task, logits, smooth)["MulticlassAccuracy"] == pytest.approx(expected_acc)
+    custom = ComposerClassifier(task.pure, val_metrics={"ce": CrossEntropy()})
+    assert evaluate(custom, logits, batch) == {"ce": pytest.approx(m_hard["CrossEntropy"])}
+    with pytest.raises(TypeError, match="not a jaxcomposer metric"):
+        ComposerClassifier(task.pure, val_metrics=[lambda x, y: x])
 
 
 def test_classifier_custom_loss_fn(key):
@@ -62,7 +74,7 @@ def test_classifier_custom_loss_fn(key):
     batch = classifier_batch(key)
     logits = eval_forward(task, batch)
     np.testing.assert_array_equal(task.loss(logits, batch), 0.0)
-    assert float(task.metrics(logits, batch)["cross_entropy"].min()) > 0
+    assert evaluate(task, logits, batch)["CrossEntropy"] > 0  # metrics report plain cross-entropy
 
 
 def test_lm_forward_loss_and_ignore_index(key):
@@ -80,19 +92,21 @@ def test_lm_forward_loss_and_ignore_index(key):
     np.testing.assert_allclose(loss, [ce[0, 3:].mean(), 0.0], rtol=1e-5)
     garbage = logits.at[0, :3].set(1e3)
     np.testing.assert_allclose(task.loss(garbage, {**batch, "labels": labels}), loss, rtol=1e-5)
-    m = task.metrics(logits, {**batch, "labels": labels})
-    acc = (jnp.argmax(logits[0, 3:], -1) == ids[0, 4:]).mean()
-    np.testing.assert_allclose(m["accuracy"], [acc, 0.0], rtol=1e-6)
+    # Metrics are per token: 5 tokens of sequence 0 and 2 of sequence 1 each count once.
+    labels2 = ids[:, 1:].at[0, :3].set(-100).at[1, :6].set(-100)
+    m = evaluate(task, logits, {**batch, "labels": labels2})
+    assert list(m) == ["LanguageCrossEntropy", "LanguagePerplexity", "MaskedAccuracy"]
+    per_token = float(jnp.concatenate([ce[0, 3:], ce[1, 6:]]).mean())
+    assert m["LanguageCrossEntropy"] == pytest.approx(per_token, rel=1e-5)
+    assert per_token != pytest.approx(float(task.loss(logits, {**batch, "labels": labels2}).mean()), rel=1e-3)
+    assert m["LanguagePerplexity"] == pytest.approx(math.exp(per_token), rel=1e-5)
+    hits = jnp.argmax(logits, -1) == ids[:, 1:]
+    assert m["MaskedAccuracy"] == pytest.approx(float(jnp.concatenate([hits[0, 3:], hits[1, 6:]]).mean()))
     custom = ComposerCausalLM(task.pure, ignore_index=0)
     zero_labels = jnp.where(labels == -100, 0, labels)
     np.testing.assert_allclose(custom.loss(logits, {**batch, "labels": zero_labels}), loss, rtol=1e-5)
     with pytest.raises(ValueError, match="do not match logits"):
         task.loss(logits, {**batch, "labels": ids})
-
-
-def test_lm_finalize_perplexity():
-    out = lm_task().finalize({"cross_entropy": 2.0, "accuracy": 0.25})
-    assert out["accuracy"] == 0.25 and math.isclose(out["perplexity"], math.exp(2.0), rel_tol=1e-6)
 
 
 def _grad_fn(task):

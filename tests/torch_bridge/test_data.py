@@ -333,6 +333,6 @@ def test_trainer_end_to_end():
     state = trainer.fit()
     assert state.timestamp.epoch == 2 and state.timestamp.batch == 2 * len(train)
     metrics = trainer.eval()
-    assert set(metrics) >= {"accuracy", "cross_entropy"}
-    assert 0.0 <= metrics["accuracy"] <= 1.0 and np.isfinite(metrics["cross_entropy"])
-    assert metrics["accuracy"] > 0.8, metrics
+    assert set(metrics) >= {"MulticlassAccuracy", "CrossEntropy"}
+    assert 0.0 <= metrics["MulticlassAccuracy"] <= 1.0 and np.isfinite(metrics["CrossEntropy"])
+    assert metrics["MulticlassAccuracy"] > 0.8, metrics

@@ -296,6 +296,8 @@ row(aten.masked_fill.Tensor, I(3, 4), B(3, 1), torch.tensor(7))
 # ---------------------------------------------------------------------------------------------------------------
 
 TABLE = JitTable(ROWS)
+# the table compiles once per xdist worker that runs one of its rows: keep its rows on one worker
+pytestmark = pytest.mark.xdist_group("test_ops_elementwise")
 
 
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)

@@ -102,6 +102,8 @@ CASES = [
 
 
 TABLE = JitTable(CASES)
+# the table compiles once per xdist worker that runs one of its rows: keep its rows on one worker
+pytestmark = pytest.mark.xdist_group("test_ops_indexing")
 
 
 @pytest.mark.parametrize("op,args,kwargs", CASES)

@@ -186,6 +186,8 @@ row(aten.broadcast_tensors.default, [F32(2, 3)], tol=EXACT)
 
 
 TABLE = JitTable(ROWS)
+# the table compiles once per xdist worker that runs one of its rows: keep its rows on one worker
+pytestmark = pytest.mark.xdist_group("test_ops_loss")
 
 
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)

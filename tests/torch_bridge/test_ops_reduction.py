@@ -185,6 +185,8 @@ row(aten.norm.ScalarOpt_dtype, F(3, 4), 3, dtype=torch.float32)
 # ---------------------------------------------------------------------------------------------------------------
 
 TABLE = JitTable(ROWS)
+# the table compiles once per xdist worker that runs one of its rows: keep its rows on one worker
+pytestmark = pytest.mark.xdist_group("test_ops_reduction")
 
 
 @pytest.mark.parametrize(("op", "args", "kwargs", "tol"), ROWS)

@@ -103,7 +103,7 @@ def test_bare_torch_cnn_trains(trained_cnn):
     assert len(losses) == 3 * 8 and np.all(np.isfinite(losses))
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.1
     metrics = trainer.state.eval_metrics["eval"]
-    assert metrics["accuracy"] > 0.6, metrics  # chance is 1/3
+    assert metrics["MulticlassAccuracy"] > 0.6, metrics  # chance is 1/3
 
 
 def test_trained_weights_back_to_torch_match_predict(trained_cnn):
@@ -130,8 +130,8 @@ def test_padded_eval_matches_torch(trained_cnn):
         logits = module(xs)
     acc = (logits.argmax(-1) == ys).float().mean().item()
     ce = torch.nn.functional.cross_entropy(logits, ys).item()
-    assert metrics["accuracy"] == pytest.approx(acc, abs=1e-6)
-    assert metrics["cross_entropy"] == pytest.approx(ce, abs=1e-4)
+    assert metrics["MulticlassAccuracy"] == pytest.approx(acc, abs=1e-6)
+    assert metrics["CrossEntropy"] == pytest.approx(ce, abs=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ (b) MixUp, CutOut

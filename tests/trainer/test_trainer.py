@@ -30,10 +30,10 @@ def test_fit_learns_digits_and_reports_accuracy():
     losses = [v for _, v in logger.data["loss/train/total"]]
     assert state.timestamp.epoch == 3 and state.timestamp.batch == 3 * len(trainer.train_dataloader)
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
-    assert state.eval_metrics["eval"]["accuracy"] > 0.9
+    assert state.eval_metrics["eval"]["MulticlassAccuracy"] > 0.9
     # evaluation reduces exactly: the eval set has 450 examples in batches of 100 (last one padded)
     manual = trainer.eval()
-    assert manual["accuracy"] == pytest.approx(state.eval_metrics["eval"]["accuracy"])
+    assert manual["MulticlassAccuracy"] == pytest.approx(state.eval_metrics["eval"]["MulticlassAccuracy"])
 
 
 def test_eval_padding_counts_each_example_once():
@@ -44,7 +44,7 @@ def test_eval_padding_counts_each_example_once():
     expected = float((np.argmax(np.asarray(outputs), -1) == test["target"]).mean())
     from jaxcomposer.data import ArrayLoader
     for bs in (100, 128, 449):
-        got = trainer.eval(ArrayLoader(test, bs, shuffle=False, drop_last=False))["accuracy"]
+        got = trainer.eval(ArrayLoader(test, bs, shuffle=False, drop_last=False))["MulticlassAccuracy"]
         assert got == pytest.approx(expected, abs=1e-6)
 
 
@@ -81,7 +81,7 @@ def test_bf16_amp_trains_with_fp32_master_weights():
     trainer = make(max_duration="1ep", precision="amp_bf16")
     state = trainer.fit()
     assert all(x.dtype == np.float32 for x in leaves(state.train_state.params))
-    assert state.eval_metrics["eval"]["accuracy"] > 0.6
+    assert state.eval_metrics["eval"]["MulticlassAccuracy"] > 0.6
 
 
 def test_ema_weights_are_evaluated():
@@ -94,7 +94,7 @@ def test_ema_weights_are_evaluated():
     test = digits("test")
     out, _ = trainer.task.forward(ema["params"], ema["state"], test, train=False)
     expected = float((np.argmax(np.asarray(out), -1) == test["target"]).mean())
-    assert trainer.eval()["accuracy"] == pytest.approx(expected, abs=1e-6)
+    assert trainer.eval()["MulticlassAccuracy"] == pytest.approx(expected, abs=1e-6)
 
 
 def test_schedule_and_scale_schedule_ratio():
@@ -122,9 +122,9 @@ def test_events_fire_in_composer_order():
 
 
 def test_threshold_stopper_stops_early():
-    trainer = make(max_duration="20ep", callbacks=[ThresholdStopper("accuracy", "eval", threshold=0.8)])
+    trainer = make(max_duration="20ep", callbacks=[ThresholdStopper("MulticlassAccuracy", "eval", threshold=0.8)])
     state = trainer.fit()
-    assert state.timestamp.epoch < 20 and state.eval_metrics["eval"]["accuracy"] >= 0.8
+    assert state.timestamp.epoch < 20 and state.eval_metrics["eval"]["MulticlassAccuracy"] >= 0.8
 
 
 def test_predict_returns_logits():
