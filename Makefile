@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/uv pip install --python $(PY) --quiet $(if $(wildcard $(WHEELS)),--find-links $(WHEELS)) \
 	  torch==2.13.0 -e '.[test]'
 	# byte-compile what every run and test process imports, once (--compile-bytecode would compile all: +75 s)
-	$(WITH_PYC) $(PY) -c "import jaxcomposer.cli, torch_bridge, torch.export, transformers, torchmetrics, \
-	  sklearn.model_selection, sklearn.datasets, matplotlib.pyplot, tensorboardX, pytest, xdist"
+	$(WITH_PYC) $(PY) -c "import jaxcomposer.cli, torch_bridge, torch.export, torchmetrics, matplotlib.pyplot, \
+	  tensorboardX, pytest, xdist, ipykernel.kernelapp, nbclient, jupytext, mlflow.tracking, wandb, \
+	  transformers.models.gpt2.modeling_gpt2, transformers.models.bert.modeling_bert"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -46,8 +46,10 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 def pytest_collection_modifyitems(config, items):
-    # the long tests (marked slow: subprocess runs, notebooks) first, so that no worker ends the run alone on one
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # the long work first, so that no worker ends the run alone on it: the slow tests (subprocess runs, notebooks),
+    # then the files held on one worker (xdist_group: minutes of export and compile each), then the rest
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("xdist_group") is None))
 
 
 def pytest_unconfigure(config):

@@ -8,7 +8,8 @@ per-class areas). That one rule gives everything else:
   padded examples count for nothing;
 - states merge by addition (``merge``): batches add up exactly, in any order, and a batch sharded over devices sums
   over all of them inside the jitted step (the reduction is global), so no separate sync step exists;
-- ``compute(state)`` turns the merged sums into the reported value, once, at the end of an evaluation.
+- ``compute(state)`` turns the merged sums into the reported value, once, at the end of an evaluation; it works on
+  numpy (the host's float64 sums) and on JAX arrays alike (``array_namespace``).
 
 The Trainer's eval step returns each batch's sums (``update(init(), ...)``) and adds them on the host in float64, so
 long evaluations lose nothing to float32 accumulation. ``name`` is what logs call the metric
@@ -70,6 +71,12 @@ def compute_all(metrics: Mapping[str, Metric], states: Mapping[str, State]) -> d
     return {name: float(m.compute(states[name])) for name, m in metrics.items()}
 
 
+def array_namespace(state: State):
+    """``numpy`` for the host's float64 sums (``compute`` keeps their precision), ``jax.numpy`` for device arrays
+    and inside a trace."""
+    return jnp if any(isinstance(x, jax.Array) for x in jax.tree.leaves(state)) else np
+
+
 def example_weight(weight: jax.Array, like: jax.Array) -> jax.Array:
     """``weight`` (B,) broadcast over the trailing axes of ``like`` (B, ...): tokens and pixels of a padded example
     weigh 0."""
@@ -117,7 +124,7 @@ class MeanMetric(Metric):
         return merge(state, {"sum": (values * w).sum(), "count": w.sum()})
 
     def compute(self, state):
-        return state["sum"] / jnp.maximum(state["count"], 1.0)
+        return state["sum"] / array_namespace(state).maximum(state["count"], 1.0)
 
 
 def check_metrics(metrics: Any, where: str) -> dict[str, Metric]:

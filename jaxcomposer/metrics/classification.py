@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.metrics.base import Metric, State, example_weight, logits_of, merge
+from jaxcomposer.metrics.base import Metric, State, array_namespace, example_weight, logits_of, merge
 
 
 def class_targets(logits: jax.Array, target: jax.Array) -> jax.Array:
@@ -61,7 +61,7 @@ class MulticlassAccuracy(Metric):
         return merge(state, _sums(correct=(correct * w).sum(), total=w.sum()))
 
     def compute(self, state):
-        return state["correct"] / jnp.maximum(state["total"], 1.0)
+        return state["correct"] / array_namespace(state).maximum(state["total"], 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ class CrossEntropy(Metric):
         return merge(state, _sums(sum_loss=(jnp.where(valid, loss, 0.0) * w).sum(), total=w.sum()))
 
     def compute(self, state):
-        return state["sum_loss"] / jnp.maximum(state["total"], 1.0)
+        return state["sum_loss"] / array_namespace(state).maximum(state["total"], 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +126,6 @@ class BinaryF1Score(Metric):
                                   false_negative=count(~predicted & positive)))
 
     def compute(self, state):
-        tp = state["true_positive"]
+        xp, tp = array_namespace(state), state["true_positive"]
         denominator = tp + 0.5 * (state["false_positive"] + state["false_negative"])
-        return jnp.where(denominator > 0, tp / jnp.maximum(denominator, 1e-12), 0.0)
+        return xp.where(denominator > 0, tp / xp.maximum(denominator, 1e-12), 0.0)

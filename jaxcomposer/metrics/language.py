@@ -10,7 +10,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxcomposer.metrics.base import Metric, State, example_weight, logits_of, merge
+from jaxcomposer.metrics.base import Metric, State, array_namespace, example_weight, logits_of, merge
 from jaxcomposer.metrics.classification import CrossEntropy
 
 
@@ -25,7 +25,7 @@ class LanguagePerplexity(LanguageCrossEntropy):
     """``exp`` of the per-token cross-entropy over the whole evaluation (not a mean of per-batch perplexities)."""
 
     def compute(self, state):
-        return jnp.exp(super().compute(state))
+        return array_namespace(state).exp(super().compute(state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,4 +49,4 @@ class MaskedAccuracy(Metric):
         return merge(state, {"correct": (correct * w).sum(), "total": w.sum()})
 
     def compute(self, state):
-        return state["correct"] / jnp.maximum(state["total"], 1.0)
+        return state["correct"] / array_namespace(state).maximum(state["total"], 1.0)

@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.metrics.base import Metric, State, example_weight, logits_of, merge
+from jaxcomposer.metrics.base import Metric, State, array_namespace, example_weight, logits_of, merge
 
 
 def _predicted_classes(preds, target, class_axis: int, where: str) -> jax.Array:
@@ -52,10 +52,10 @@ class MIoU(Metric):
         return merge(state, {"total_intersect": intersect, "total_union": union})
 
     def compute(self, state):
-        union = state["total_union"]
+        xp, union = array_namespace(state), state["total_union"]
         present = union > 0
-        iou = jnp.where(present, state["total_intersect"] / jnp.where(present, union, 1.0), 0.0)
-        return 100.0 * iou.sum() / jnp.maximum(present.sum(), 1)
+        iou = xp.where(present, state["total_intersect"] / xp.where(present, union, 1.0), 0.0)
+        return 100.0 * iou.sum() / xp.maximum(present.sum(), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Dice(Metric):
         target = jnp.asarray(target)
         predicted = _predicted_classes(preds, target, self.class_axis, "Dice")
         w = example_weight(weight, target)[..., None]
-        classes = jnp.arange(1, self.num_classes)
+        classes = jnp.arange(1, self.num_classes).reshape((1,) * target.ndim + (-1,))
         is_pred, is_target = predicted[..., None] == classes, target[..., None] == classes
         axes = tuple(range(target.ndim))
         count = lambda hits: (hits * w).sum(axes)  # per class, over the batch's (unpadded) pixels
@@ -89,5 +89,6 @@ class Dice(Metric):
         return merge(state, {"dice": score, "n_updates": jnp.ones((), jnp.float32)})
 
     def compute(self, state):
-        dice = 100.0 * state["dice"] / jnp.maximum(state["n_updates"], 1.0)
-        return jnp.round(dice.mean(), 2)
+        xp = array_namespace(state)
+        dice = 100.0 * state["dice"] / xp.maximum(state["n_updates"], 1.0)
+        return xp.round(dice.mean(), 2)

@@ -1,8 +1,8 @@
-"""MLFlowLogger, read back with mlflow's own client from the store it wrote (a SQLite file in the run directory)."""
+"""MLFlowLogger, read back with mlflow's own client from the store it wrote (a SQLite file in the run directory).
+(mlflow is imported inside the tests: collection in every xdist worker would pay for it otherwise.)"""
 import sys
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from jaxcomposer.loggers import MLFlowLogger
 from tests.loggers.helpers import accuracy_eval, fake_fit, fire, make_state
@@ -12,6 +12,7 @@ LOSSES = [1.0 / (i + 1) for i in range(20)]
 
 
 def run_of(logger: MLFlowLogger):
+    from mlflow.tracking import MlflowClient
     client = MlflowClient(logger.tracking_uri)
     return client, client.get_run(logger.run_id)
 
@@ -80,7 +81,8 @@ def test_bad_arguments(kwargs, error, match):
 
 
 def test_missing_package_names_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "mlflow", None)
+    for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")] + ["mlflow"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed, even after other tests imported it
     log = MLFlowLogger(tracking_uri=f"sqlite:///{tmp_path / 'ml.db'}")
     with pytest.raises(ImportError, match=r"pip install jaxcomposer\[mlflow\]"):
         fire(Event.FIT_START, [log], make_state(), None)
