@@ -20,6 +20,7 @@ import yaml
 
 from jaxcomposer import algorithms as algorithms_lib
 from jaxcomposer import callbacks as callbacks_lib
+from jaxcomposer import loggers as loggers_lib
 from jaxcomposer import models as models_lib
 from jaxcomposer import optim
 from jaxcomposer.errors import ConfigError
@@ -54,6 +55,8 @@ CALLBACKS: dict[str, Callable] = {
     "nan_monitor": callbacks_lib.NaNMonitor, "early_stopper": callbacks_lib.EarlyStopper,
     "threshold_stopper": callbacks_lib.ThresholdStopper,
 }
+# the destinations a config may add (the run directory's JSONL, TensorBoard and plot are always there)
+LOGGERS: dict[str, Callable] = {"mlflow": loggers_lib.MLFlowLogger, "wandb": loggers_lib.WandBLogger}
 
 
 def lookup(registry: Mapping[str, Callable], name: Any) -> str | None:
@@ -146,7 +149,7 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
     for i, s in enumerate(raw.get("schedulers") or []):
         if isinstance(s, Mapping):
             problems += _check_one(f"schedulers.{i}", s, SCHEDULERS)
-    for group, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS)):
+    for group, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS)):
         entries = raw.get(group) or {}
         if isinstance(entries, Mapping):
             for name, kwargs in entries.items():

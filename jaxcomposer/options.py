@@ -193,6 +193,8 @@ CONFIG_COMPONENTS: tuple[Option, ...] = (
     Option("schedulers", list[dict[str, Any]], [], "schedulers: a list of {name: ..., <its arguments>}"),
     Option("algorithms", dict[str, dict[str, Any] | None], {}, "speedup methods: {name: {<its arguments>}}"),
     Option("callbacks", dict[str, dict[str, Any] | None], {}, "callbacks: {name: {<its arguments>}}"),
+    Option("loggers", dict[str, dict[str, Any] | None], {},
+           "more logger destinations, beside the run directory's: {mlflow: {<MLFlowLogger arguments>}, wandb: {...}}"),
 )
 
 Config = _model("Config", RUN_OPTIONS + CONFIG_COMPONENTS,

@@ -5,7 +5,7 @@ import dataclasses
 import inspect
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 from flax import nnx
@@ -61,6 +61,17 @@ class NormalizedLoader:
         return getattr(self.inner, name)
 
 
+def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{'optimizer': {'lr': 0.1}}`` -> ``{'optimizer.lr': 0.1}``: one hyperparameter per leaf."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """Train from a YAML path, a mapping or a :class:`jaxcomposer.Config`; ``overrides`` are ``a.b=value`` strings.
 
@@ -85,10 +96,14 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                                              config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()]
     callbacks = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
                  for n, kw in cfg.callbacks.items()]
+    loggers = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.LOGGERS)
+               for n, kw in cfg.loggers.items()]
     run_options = {o.name: getattr(cfg, o.name) for o in RUN_OPTIONS}  # the config holds every one of them
     trainer = Trainer(**{**run_options, "run_name": run_name, "run_dir": run_dir}, model=task, train_dataloader=train,
                       eval_dataloader=evals, optimizers=optimizer, schedulers=schedulers, algorithms=algorithms,
-                      callbacks=callbacks)
+                      callbacks=callbacks, loggers=loggers)
+    # the config as hyperparameters, as Composer logs its Trainer's (MLflow params, W&B config, a JSONL line)
+    trainer.logger.log_hyperparameters(_flatten(cfg.model_dump(mode="json")))
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
     run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also for a run cut short

@@ -122,7 +122,8 @@ class BinaryF1Score(Metric):
         positive = jnp.asarray(target).reshape(predicted.shape) == 1
         w = jnp.asarray(weight, jnp.float32)
         count = lambda hits: (hits * w).sum()
-        return merge(state, _sums(true_positive=count(predicted & positive), false_positive=count(predicted & ~positive),
+        return merge(state, _sums(true_positive=count(predicted & positive),
+                                  false_positive=count(predicted & ~positive),
                                   false_negative=count(~predicted & positive)))
 
     def compute(self, state):
