@@ -9,10 +9,10 @@ from jaxcomposer.runner import FitResult, fit
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 from jaxcomposer.errors import ConfigurationError, JaxComposerError
 from jaxcomposer.trainer.trainer import Trainer
-from jaxcomposer import algorithms, callbacks, functional, loggers, optim  # noqa: E402
+from jaxcomposer import algorithms, callbacks, functional, loggers, metrics, optim  # noqa: E402
 
 __all__ = ["Callback", "ComposerCausalLM", "ComposerClassifier", "Config", "ConfigError", "ConfigurationError", "JaxComposerError",
            "Event", "FitResult", "Method", "ModelView", "PostStep", "PureModel", "RunInfo", "RunState", "StepCtx", "Task", "Time", "TimeUnit",
            "Timestamp", "Trainer", "TrainState", "algorithms", "callbacks", "compose", "fit", "from_nnx",
-           "functional", "load_config", "loggers", "optim"]
+           "functional", "load_config", "loggers", "metrics", "optim"]
 __version__ = "0.1.0"

@@ -147,7 +147,7 @@ class Trainer(ReadsPlan):
         self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
         # checked now, before anything compiles; a task whose metrics live on the host (a torch ComposerModel's
         # torchmetrics) has none here
-        self.eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
+        self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
             self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
         if not self.task.is_bound:
             raw = self._first_raw_batch()
@@ -331,7 +331,7 @@ class Trainer(ReadsPlan):
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
         if self._eval_step is None and host is None:
             self._eval_step = steps.jit_eval_step(steps.make_eval_step(
-                self.task, self.composed, self.run_info, self.eval_metrics, precision=self.precision), self.mesh)
+                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision), self.mesh)
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -350,7 +350,7 @@ class Trainer(ReadsPlan):
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
-        metrics = host.compute() if host is not None else compute_all(self.eval_metrics, sum_states(parts))
+        metrics = host.compute() if host is not None else compute_all(self._eval_metrics, sum_states(parts))
         self.state.eval_metrics[label] = metrics
         self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
         self._fire(Event.EVAL_END)

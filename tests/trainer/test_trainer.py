@@ -48,6 +48,35 @@ def test_eval_padding_counts_each_example_once():
         assert got == pytest.approx(expected, abs=1e-6)
 
 
+def test_language_metrics_count_tokens_over_padded_batches_and_two_devices():
+    """ComposerCausalLM's metrics through Trainer.eval: every non-ignored token counts once (not a mean of sequence
+    means), the padded last batch adds nothing, and one device or two give the same values."""
+    from flax import nnx
+
+    from jaxcomposer import ComposerCausalLM
+    from jaxcomposer.data import ArrayLoader
+    from jaxcomposer.models import GPT
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 64, (10, 9)).astype(np.int32)
+    labels = ids[:, 1:].copy()
+    labels[np.arange(8)[None, :] < rng.integers(0, 7, (10, 1))] = -100  # each sequence's first 0..6 ignored
+    data = {"input_ids": ids, "labels": labels}
+    task = ComposerCausalLM(GPT(64, seq_len=8, d_model=16, n_layers=1, n_heads=2, rngs=nnx.Rngs(0)))
+    logits = np.asarray(task.forward(task.params, task.state, data, train=False)[0], np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    keep = labels != -100
+    ce = -np.take_along_axis(logp, np.where(keep, labels, 0)[..., None], -1)[..., 0]
+    expected = {"LanguageCrossEntropy": ce[keep].mean(), "LanguagePerplexity": np.exp(ce[keep].mean()),
+                "MaskedAccuracy": (logits.argmax(-1) == labels)[keep].mean()}
+    assert expected["LanguageCrossEntropy"] != pytest.approx(np.mean([c[k].mean() for c, k in zip(ce, keep)]))
+    for devices in (jax.devices()[:1], jax.devices()[:2]):
+        trainer = Trainer(model=task, train_dataloader=ArrayLoader(data, 4, seed=0), max_duration="1ba",
+                          progress_bar=False, devices=devices)
+        got = trainer.eval(ArrayLoader(data, 4, shuffle=False, drop_last=False))  # 4 + 4 + 2 (padded to 4)
+        assert got == {k: pytest.approx(v, rel=1e-5) for k, v in expected.items()}
+
+
 def test_one_device_and_two_devices_agree():
     assert len(jax.devices()) >= 2
     results = []
