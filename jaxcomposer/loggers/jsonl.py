@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics
 
 __all__ = ["JSONLLogger", "read_jsonl"]
 
@@ -37,7 +37,7 @@ def _json_safe(value: Any) -> Any:
         return str(value)
 
 
-class JSONLLogger(LoggerDestination):
+class JSONLLogger(FlushingDestination):
     """``path`` is either the ``.jsonl`` file or a directory that will hold ``metrics.jsonl``."""
 
     def __init__(self, path: str | os.PathLike, max_pending: int = 16):
@@ -51,15 +51,6 @@ class JSONLLogger(LoggerDestination):
     def run_event(self, event, state, logger) -> None:
         self._state = state
         super().run_event(event, state, logger)
-
-    def epoch_end(self, state, logger) -> None:
-        self.flush()
-
-    def eval_end(self, state, logger) -> None:
-        self.flush()
-
-    def fit_end(self, state, logger) -> None:
-        self.flush()
 
     def close(self, state, logger) -> None:
         self.flush()

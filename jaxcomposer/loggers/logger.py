@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import math
 from typing import Any, Iterable, Mapping
 
 from jaxcomposer.core.events import Callback
 
-__all__ = ["Logger", "LoggerDestination", "PendingMetrics", "LogRecord", "is_ready", "format_metric"]
+__all__ = ["Logger", "LoggerDestination", "FlushingDestination", "PendingMetrics", "LogRecord", "is_ready",
+           "format_metric"]
 
 
 class LoggerDestination(Callback):
@@ -29,6 +31,23 @@ class LoggerDestination(Callback):
 
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         pass
+
+
+class FlushingDestination(LoggerDestination):
+    """A destination that queues values (``PendingMetrics``) and writes them out at the host's sync points, where the
+    host waits for the device anyway: the end of an epoch, of an evaluation and of fit."""
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def epoch_end(self, state, logger) -> None:
+        self.flush()
+
+    def eval_end(self, state, logger) -> None:
+        self.flush()
+
+    def fit_end(self, state, logger) -> None:
+        self.flush()
 
 
 class Logger:
@@ -56,6 +75,15 @@ class Logger:
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         for d in self.destinations:
             d.log_hyperparameters(hparams)
+
+
+def optional_import(module: str, *, needed_by: str, package: str, extra: str | None = None):
+    """Import a backend's module, or raise an ImportError that says what installs it (our extra, when it has one)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        how = f"`pip install jaxcomposer[{extra}]` (or `pip install {package}`)" if extra else f"`pip install {package}`"
+        raise ImportError(f"{needed_by} needs {package}; install it with {how}.") from e
 
 
 def is_ready(value: Any) -> bool:

@@ -22,22 +22,18 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
 
 __all__ = ["MLFlowLogger"]
 
 
 def _mlflow():
-    try:
-        from mlflow.entities import Metric, Param
-        from mlflow.tracking import MlflowClient
-    except ImportError as e:
-        raise ImportError("MLFlowLogger needs mlflow; install it with `pip install jaxcomposer[mlflow]` (or "
-                          "`pip install mlflow`).") from e
-    return MlflowClient, Metric, Param
+    entities = optional_import("mlflow.entities", needed_by="MLFlowLogger", extra="mlflow", package="mlflow")
+    tracking = optional_import("mlflow.tracking", needed_by="MLFlowLogger", extra="mlflow", package="mlflow")
+    return tracking.MlflowClient, entities.Metric, entities.Param
 
 
-class MLFlowLogger(LoggerDestination):
+class MLFlowLogger(FlushingDestination):
     """Log to MLflow, with Composer's argument names.
 
     Args:
@@ -163,15 +159,6 @@ class MLFlowLogger(LoggerDestination):
         batch = [Metric(name, value, now, r.step) for r in records for name, value in r.metrics.items()]
         for i in range(0, len(batch), 1000):  # the store's limit per call
             self._client.log_batch(self.run_id, metrics=batch[i:i + 1000])
-
-    def epoch_end(self, state, logger) -> None:
-        self.flush()
-
-    def eval_end(self, state, logger) -> None:
-        self.flush()
-
-    def fit_end(self, state, logger) -> None:
-        self.flush()
 
     def close(self, state, logger) -> None:
         if self._client is None:

@@ -1,6 +1,6 @@
 """``TensorboardLogger``: scalars to ``events.out.tfevents.*`` through tensorboardX (no TensorFlow needed).
 
-tensorboardX is an optional extra and is imported only when the first value is written, as is the ``SummaryWriter``
+tensorboardX is imported only when the first value is written, as is the ``SummaryWriter``
 itself, so constructing the logger neither needs the package nor creates ``log_dir``.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
 
 __all__ = ["TensorboardLogger"]
 
@@ -22,19 +22,13 @@ def _summary_writer_cls():
     if hide_torch:
         sys.modules["torch"] = None
     try:
-        from tensorboardX import SummaryWriter
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "TensorboardLogger needs tensorboardX; install it with `pip install jaxcomposer[tensorboard]` "
-            "or `pip install tensorboardX`."
-        ) from e
+        return optional_import("tensorboardX", needed_by="TensorboardLogger", package="tensorboardX").SummaryWriter
     finally:
         if hide_torch and sys.modules.get("torch", 0) is None:
             del sys.modules["torch"]
-    return SummaryWriter
 
 
-class TensorboardLogger(LoggerDestination):
+class TensorboardLogger(FlushingDestination):
     def __init__(self, log_dir: str | os.PathLike, flush_secs: int = 30, max_pending: int = 16):
         self.log_dir = os.fspath(log_dir)
         self.flush_secs = flush_secs
@@ -66,12 +60,6 @@ class TensorboardLogger(LoggerDestination):
         self._write(self._pending.pop(force=True))
         if self._writer is not None:
             self._writer.flush()
-
-    def epoch_end(self, state, logger) -> None:
-        self.flush()
-
-    def fit_end(self, state, logger) -> None:
-        self.flush()
 
     def close(self, state, logger) -> None:
         self._write(self._pending.pop(force=True))

@@ -13,21 +13,12 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
 
 __all__ = ["WandBLogger"]
 
 
-def _wandb():
-    try:
-        import wandb
-    except ImportError as e:
-        raise ImportError("WandBLogger needs wandb; install it with `pip install jaxcomposer[wandb]` (or "
-                          "`pip install wandb`).") from e
-    return wandb
-
-
-class WandBLogger(LoggerDestination):
+class WandBLogger(FlushingDestination):
     """Log to Weights & Biases, with Composer's argument names.
 
     Args:
@@ -64,7 +55,7 @@ class WandBLogger(LoggerDestination):
         import jax
         if self.rank_zero_only and jax.process_index() != 0:
             return
-        wandb = _wandb()
+        wandb = optional_import("wandb", needed_by="WandBLogger", extra="wandb", package="wandb")
         kwargs = dict(self.init_kwargs)
         kwargs.setdefault("name", getattr(state, "run_name", None))
         kwargs.setdefault("mode", os.environ.get("WANDB_MODE") or "offline")
@@ -95,15 +86,6 @@ class WandBLogger(LoggerDestination):
     def flush(self) -> None:
         if self.run is not None:
             self._write(self._pending.pop(force=True))
-
-    def epoch_end(self, state, logger) -> None:
-        self.flush()
-
-    def eval_end(self, state, logger) -> None:
-        self.flush()
-
-    def fit_end(self, state, logger) -> None:
-        self.flush()
 
     def close(self, state, logger) -> None:
         if self.run is None:
