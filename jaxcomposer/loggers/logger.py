@@ -82,7 +82,9 @@ def optional_import(module: str, *, needed_by: str, package: str, extra: str | N
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        how = f"`pip install jaxcomposer[{extra}]` (or `pip install {package}`)" if extra else f"`pip install {package}`"
+        how = f"`pip install {package}`"
+        if extra:
+            how = f"`pip install jaxcomposer[{extra}]` (or {how})"
         raise ImportError(f"{needed_by} needs {package}; install it with {how}.") from e
 
 

@@ -37,8 +37,9 @@ class ComposerClassifier(Task):
         super().__init__(module)
         self.num_classes = num_classes if num_classes is not None else _infer_num_classes(module)
         self.loss_fn = loss_fn
-        self.val_metrics = check_metrics(val_metrics, "ComposerClassifier(val_metrics=...)") if val_metrics \
-            is not None else {"CrossEntropy": CrossEntropy(), "MulticlassAccuracy": MulticlassAccuracy(self.num_classes)}
+        if val_metrics is None:
+            val_metrics = [CrossEntropy(), MulticlassAccuracy(self.num_classes)]
+        self.val_metrics = check_metrics(val_metrics, "ComposerClassifier(val_metrics=...)")
 
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
         return self.loss_fn(outputs, batch[self.target_key])
@@ -63,9 +64,10 @@ class ComposerCausalLM(Task):
                  eval_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
         super().__init__(module)
         self.ignore_index = ignore_index
-        self.eval_metrics = check_metrics(eval_metrics, "ComposerCausalLM(eval_metrics=...)") if eval_metrics \
-            is not None else check_metrics([LanguageCrossEntropy(ignore_index), LanguagePerplexity(ignore_index),
-                                            MaskedAccuracy(ignore_index)], "ComposerCausalLM")
+        if eval_metrics is None:
+            eval_metrics = [LanguageCrossEntropy(ignore_index), LanguagePerplexity(ignore_index),
+                            MaskedAccuracy(ignore_index)]
+        self.eval_metrics = check_metrics(eval_metrics, "ComposerCausalLM(eval_metrics=...)")
 
     def model_inputs(self, batch: Batch):
         return batch[self.input_key][:, :-1]
