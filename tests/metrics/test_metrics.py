@@ -5,7 +5,6 @@ two devices."""
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
