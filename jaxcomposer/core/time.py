@@ -498,6 +498,18 @@ class Timestamp:
         other = Time.from_timestring(other) if isinstance(other, str) else other
         return self.get(other.unit), other
 
+    def __eq__(self, other):
+        """Against a Time or a time string: that unit's counter, as Composer's (``timestamp == '5ba'``); against a
+        Timestamp: every field."""
+        if isinstance(other, Timestamp):
+            return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+        pair = self._as(other)
+        return NotImplemented if pair is None else pair[0] == pair[1]
+
+    def __ne__(self, other):
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
     def __lt__(self, other):
         pair = self._as(other)
         return NotImplemented if pair is None else pair[0] < pair[1]

@@ -346,6 +346,11 @@ def test_timestamp_orders_against_times_only():
     assert ts < Time(6, "ba") and ts >= "5ba" and not ts > "5ba"
     with pytest.raises(TypeError):  # a bare number has no unit: unordered, as in Composer
         _ = ts < 6
+    # equality as Composer's: against a Time or a string, that unit's counter; against a Timestamp, every field
+    assert ts == Time(5, "ba") and Time(5, "ba") == ts and ts == "5ba" and ts != "4ba"
+    assert ts == Time(0, "ep") and ts != Time(1, "ep")  # each unit's own counter
+    assert ts == Timestamp(batch=5) and ts != Timestamp(batch=5, sample=1) and ts != 5
+    assert hash(ts) == hash(Timestamp(batch=5)) and len({ts, Timestamp(batch=5)}) == 1
 
 
 def test_timestamp_get():
