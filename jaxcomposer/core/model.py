@@ -11,14 +11,16 @@ microbatching, masking padded eval examples and MixUp's ``interpolate_loss`` are
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.core import adapters
-from jaxcomposer.metrics import Metric
+
+if TYPE_CHECKING:  # (jaxcomposer.metrics uses this module's soft_cross_entropy)
+    from jaxcomposer.metrics import Metric
 
 Batch = Mapping[str, Any]
 ApplyFn = Callable[..., tuple[Any, Any]]

@@ -10,6 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.core.model import soft_cross_entropy
 from jaxcomposer.metrics.base import Metric, State, array_namespace, example_weight, logits_of, merge
 
 
@@ -79,15 +80,13 @@ class CrossEntropy(Metric):
         return _sums(sum_loss=0.0, total=0.0)
 
     def update(self, state, preds, target, weight):
-        logits = logits_of(preds).astype(jnp.float32)
-        target = jnp.asarray(target)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        if target.shape == logits.shape:  # dense targets: nothing to ignore
-            loss, valid = -(target.astype(jnp.float32) * logp).sum(-1), jnp.ones(logits.shape[:-1], bool)
+        logits, target = logits_of(preds), jnp.asarray(target)
+        if target.shape == logits.shape:  # dense targets (integer one-hot too, as Composer decides by shape)
+            loss = soft_cross_entropy(logits, target.astype(jnp.float32))
+            valid = jnp.ones(loss.shape, bool)  # nothing to ignore
         else:
             valid = target != self.ignore_index
-            safe = jnp.where(valid, target, 0).astype(jnp.int32)
-            loss = -jnp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
+            loss = soft_cross_entropy(logits, jnp.where(valid, target, 0).astype(jnp.int32))
         w = example_weight(weight, valid) * valid
         return merge(state, _sums(sum_loss=(jnp.where(valid, loss, 0.0) * w).sum(), total=w.sum()))
 
