@@ -2,9 +2,11 @@
 
 Why two graphs: the mode is baked into an export (dropout disappears in eval, BatchNorm picks
 ``_native_batch_norm_legit_no_training``), so both are exported once and share one params/buffers pytree.
-Why ``run_decompositions({})``: it functionalizes (in-place buffer updates become ``BUFFER_MUTATION`` outputs)
-without decomposing conv2d/linear/layer_norm/SDPA/embedding, so SDPA still maps to ``jax.nn.dot_product_attention``
-(a full decomposition would turn it into matmul + softmax).
+Why functional graphs: in-place buffer updates (BatchNorm's running statistics) must become ``BUFFER_MUTATION``
+outputs. ``functionalize.functionalize_in_place`` does that for graphs made of ops we lower; anything else goes
+through ``run_decompositions({})``, which functionalizes and decomposes composite ops without decomposing
+conv2d/linear/layer_norm/SDPA/embedding, so SDPA still maps to ``jax.nn.dot_product_attention`` (a full
+decomposition would turn it into matmul + softmax).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from jaxcomposer.errors import UnsupportedOpError  # re-exported as torch_bridge.UnsupportedOpError
 
-from . import interpreter
+from . import functionalize, interpreter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
             e.add_note(f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode. "
                        "Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond.")
             raise
-        return ep.run_decompositions({})
+        return ep if functionalize.functionalize_in_place(ep) else ep.run_decompositions({})
 
 
 def _where(node: torch.fx.Node) -> str:

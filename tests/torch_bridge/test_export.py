@@ -1,4 +1,6 @@
 """torch_bridge.export and the interpreter: graph binding, conversion-time checks, key folding, mode handling."""
+import copy
+
 import jax
 import numpy as np
 import pytest
@@ -107,3 +109,83 @@ def test_run_graph_feeds_placeholders_in_order():
     w, b, x = np.ones((3, 2), np.float32), np.arange(3, dtype=np.float32), np.ones((1, 2), np.float32)
     (out,) = run_graph(ep.graph, [w, b, x], key=None)
     np.testing.assert_allclose(np.asarray(out), [[2.0, 3.0, 4.0]])
+
+
+# ------------------------------------------------------------------------------------------ functionalize_in_place
+class Counting(nn.Module):
+    """Updates a non-persistent buffer, then reads it; BatchNorm updates its running statistics twice (shared)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.register_buffer("calls", torch.zeros(()), persistent=False)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.bn(self.bn(x)) * self.calls
+
+
+class ViewOfUpdated(nn.Module):
+    """A view taken before an in-place update: torch's view sees the update."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("buf", torch.arange(4.0).reshape(2, 2))
+
+    def forward(self, x):
+        flat = self.buf.view(-1)
+        self.buf.add_(1)
+        return x + flat
+
+
+class InPlaceResidual(nn.Module):
+    """torchvision's habits: ``nn.ReLU(inplace=True)`` and ``out += identity`` write intermediates in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn, self.relu = nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = self.relu(x * 1.0)
+        out = self.relu(self.bn(self.lin(identity)))
+        out += identity
+        return self.relu(out) - out.mean()
+
+
+FUNCTIONAL_CASES = [(BNDrop, True), (Counting, True), (InPlaceResidual, True), (ViewOfUpdated, False)]
+
+
+@pytest.mark.parametrize("make,rewritten", FUNCTIONAL_CASES, ids=[m.__name__ for m, _ in FUNCTIONAL_CASES])
+def test_in_place_functionalization_equals_torch_and_run_decompositions(make, rewritten, monkeypatch):
+    """Graphs of lowered ops whose in-place updates write buffers are rewritten without ``run_decompositions``; a
+    view of an updated buffer is declined. Either way the train step equals torch (outputs and every buffer), and
+    the rewritten graph equals the decomposed one bit for bit (dropout masks aside: a node's key follows its place
+    in the graph, and the two graphs number their nodes differently)."""
+    from torch_bridge import functionalize
+
+    torch.manual_seed(0)
+    x, original = torch.randn(8, 4), make()
+    with export._mode(module := copy.deepcopy(original), True):
+        assert functionalize.functionalize_in_place(torch.export.export(module, (x,))) is rewritten
+    fast = from_torch(copy.deepcopy(original), (x,), modes=(True,))
+    monkeypatch.setattr(functionalize, "functionalize_in_place", lambda ep: False)
+    decomposed = from_torch(copy.deepcopy(original), (x,), modes=(True,))
+    reference = copy.deepcopy(original).train()
+    with torch.no_grad():
+        expected = reference(x)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for bm in (fast, decomposed):
+        out, buffers = bm.apply(bm.params, bm.buffers, None if make is not BNDrop else jax.random.key(0), x.numpy())
+        out = out if isinstance(out, tuple) else (out,)
+        if make is not BNDrop:  # dropout masks are JAX's own: compare the deterministic models only
+            for o, e in zip(out, expected):
+                np.testing.assert_allclose(np.asarray(o), e.numpy(), rtol=1e-5, atol=1e-5)
+        for name, value in buffers.items():
+            np.testing.assert_allclose(np.asarray(value), reference.get_buffer(name).numpy(), rtol=1e-5, atol=1e-5,
+                                       err_msg=name)
+    f_out, f_buf = fast.apply(fast.params, fast.buffers, jax.random.key(0), x.numpy())
+    d_out, d_buf = decomposed.apply(decomposed.params, decomposed.buffers, jax.random.key(0), x.numpy())
+    assert set(f_buf) == set(d_buf) == set(fast.buffers)
+    same = (f_buf, d_buf) if make is BNDrop else ((f_out, f_buf), (d_out, d_buf))
+    for a, b in zip(*map(jax.tree_util.tree_leaves, same)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -399,6 +399,13 @@ def to_dtype(self, dtype, non_blocking=False, copy=False, memory_format=None):
     return cast(self, dtype)
 
 
+@lower(aten.to.dtype_layout)
+def to_dtype_layout(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, copy=False,
+                    memory_format=None):
+    """``x.to(dtype=..., device=...)`` by keyword (Hugging Face's masks): device and layout are JAX's business."""
+    return cast(self, dtype)
+
+
 @lower(aten.to.device)
 def to_device(self, device, dtype, non_blocking=False, copy=False, memory_format=None):
     return cast(self, dtype)
