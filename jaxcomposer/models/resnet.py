@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcomposer.models._keys import split_dropout_keys
+
 # torchvision's ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``: untruncated normal, variance 2 / fan_out.
 kaiming_fan_out = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
@@ -56,15 +58,19 @@ class BasicBlock(nnx.Module):
 class ResNetCIFAR(nnx.Module):
     """CIFAR-style ResNet; ``stem_stride=2`` makes a cheap variant (28x28 inputs give 14x14 feature maps).
 
-    ``key`` is accepted for the common model signature; the network has no random ops.
+    ``dropout`` drops pooled features before the head in training (timm's ``drop_rate``; 0, the paper's network,
+    by default); ``key`` feeds it and may be None otherwise.
     """
 
     def __init__(self, depth: int = 20, width: int = 16, num_classes: int = 10, in_channels: int = 3,
                  stem_stride: int = 1, widen: Sequence[int] = (1, 2, 4), bn_momentum: float = 0.9,
-                 zero_init_residual: bool = False, *, rngs: nnx.Rngs):
+                 zero_init_residual: bool = False, dropout: float = 0.0, *, rngs: nnx.Rngs):
         if not isinstance(depth, int) or depth < 8 or (depth - 2) % 6 != 0:
             raise ValueError(f"ResNetCIFAR: depth must be 6n+2 with n >= 1, got depth={depth!r}; "
                              f"valid examples: {', '.join(map(str, VALID_DEPTH_EXAMPLES))}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"ResNetCIFAR: dropout must be in [0, 1), got {dropout}.")
+        self.dropout_rate = dropout
         n = (depth - 2) // 6
         self.depth, self.num_classes = depth, num_classes
         self.stem_conv = _conv(in_channels, width, 3, stem_stride, rngs)
@@ -77,16 +83,18 @@ class ResNetCIFAR(nnx.Module):
                 blocks.append(BasicBlock(cin, cout, stride, bn_momentum, zero_init_residual, rngs=rngs))
                 cin = cout
         self.blocks = nnx.List(blocks)
+        self.drop = nnx.Dropout(dropout)
         self.head = nnx.Linear(cin, num_classes, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
-        del key
         if x.ndim != 4:
             raise ValueError(f"ResNetCIFAR: expected NHWC images (B, H, W, C), got shape {x.shape}.")
+        (key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetCIFAR")
         x = jax.nn.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
         for block in self.blocks:
             x = block(x, train=train)
-        return self.head(x.mean(axis=(1, 2))).astype(jnp.float32)
+        x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=key)
+        return self.head(x).astype(jnp.float32)
 
 
 def resnet_cifar(depth: int = 20, width: int = 16, num_classes: int = 10, *, rngs: nnx.Rngs | None = None,

@@ -24,11 +24,9 @@ IMAGE_SHAPE = (8, 8, 3)  # NHWC without the batch axis
 
 class Example(NamedTuple):
     """A method's representative configuration, declared as ``EXAMPLE`` in its test file
-    (``tests/algorithms/test_<module>.py``): the composition table and the Trainer contract run it.
-    ``image_models_only``: it changes the image size, which an MLP's fixed fan-in rejects."""
+    (``tests/algorithms/test_<module>.py``): the composition table and the Trainer contract run it."""
 
     make: Callable[[], Method]
-    image_models_only: bool = False
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from tests.algorithms.algo_testing import Example
 
 # one representative configuration: the composition table and the Trainer contract run it
 # 8x8 images shrink to 6x6: image models only (an MLP's fixed fan-in rejects them)
-EXAMPLE = Example(lambda: algorithms.ColOut(p_row=0.15, p_col=0.15), image_models_only=True)
+EXAMPLE = Example(lambda: algorithms.ColOut(p_row=0.15, p_col=0.15))
 
 
 def _coded_images(b, h, w, c=2):

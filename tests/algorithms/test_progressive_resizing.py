@@ -13,7 +13,7 @@ from tests.algorithms.algo_testing import Example
 # one representative configuration: the composition table and the Trainer contract run it
 # 8x8 images at scale 0.5 (4x4) while t < 0.5: one size over 2 steps, full size at step 3 of 4. image_size pins
 # sizes while the stage is not given the batch's shapes. Image models only (an MLP's fixed fan-in rejects them)
-EXAMPLE = Example(lambda: algorithms.ProgressiveResizing(initial_scale=0.5), image_models_only=True)
+EXAMPLE = Example(lambda: algorithms.ProgressiveResizing(initial_scale=0.5))
 
 
 def _host(step, total):

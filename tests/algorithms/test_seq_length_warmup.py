@@ -12,11 +12,11 @@ from tests.algorithms.algo_testing import Example
 
 # one representative configuration: the composition table and the Trainer contract run it
 # truncates image rows (the composition check's model pools over space), so its changing shapes meet every
-# other method: length 6 over 2 steps (a warmup under one batch starts at max), 4 then 6 over 4 steps. Image
-# models only, like ColOut; the causal-LM trainer tests are in test_seq_length_warmup.py
+# other method: length 6 over 2 steps (a warmup under one batch starts at max), 4 then 6 over 4 steps. The
+# causal-LM trainer tests are below
 EXAMPLE = Example(lambda: algorithms.SeqLengthWarmup(duration=0.25, min_seq_length=4,
                                                       max_seq_length=6, step_size=2,
-                                                      sequence_keys=("input",)), image_models_only=True)
+                                                      sequence_keys=("input",)))
 
 V, T = 32, 16  # vocabulary and model context of the LM tests
 

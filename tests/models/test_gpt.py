@@ -27,13 +27,20 @@ def model():
     return GPT(**CFG, rngs=nnx.Rngs(0))
 
 
+@nnx.jit
+def logits(model, x):
+    """The eval forward, jitted: eager dispatch compiles each of the model's ops on its own (test_jit_equals_eager
+    covers the eager path)."""
+    return model(x, train=False)
+
+
 def tokens(key, b=2, t=16):
     return jax.random.randint(key, (b, t), 0, 256)
 
 
 def test_shapes_and_dtype(model, key):
-    assert model(tokens(key), train=False).shape == (2, 16, 256)
-    out = model(tokens(key, t=5), train=False)  # shorter than seq_len is fine
+    assert logits(model, tokens(key)).shape == (2, 16, 256)
+    out = logits(model, tokens(key, t=5))  # shorter than seq_len is fine
     assert out.shape == (2, 5, 256) and out.dtype == jnp.float32
     with pytest.raises(ValueError, match="exceeds seq_len=16"):
         model(tokens(key, t=17), train=False)
@@ -57,7 +64,7 @@ def test_tied_embedding_is_the_only_vocab_matrix(model):
 def test_causality(model, key):
     x = tokens(key)
     y = x.at[:, 9].set((x[:, 9] + 1) % 256)
-    a, b = model(x, train=False), model(y, train=False)
+    a, b = logits(model, x), logits(model, y)
     np.testing.assert_allclose(a[:, :9], b[:, :9], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[:, 9:], b[:, 9:])
 
@@ -71,8 +78,7 @@ def test_nanogpt_init(model):
 
 def test_initial_loss_near_uniform(model, key):
     x = tokens(key, b=4, t=16)
-    logits = model(x[:, :-1], train=False)
-    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), x[:, 1:, None], axis=-1).mean()
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits(model, x[:, :-1])), x[:, 1:, None], axis=-1).mean()
     assert abs(float(ce) - math.log(256)) < 0.1
 
 
