@@ -12,20 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
 from jaxcomposer.data.loader import ArrayLoader
+from tests.torch_bridge.worker_datasets import PairDataset
 from torch_bridge.data import DataLoaderWrapper, DatasetLoader, from_dataloader, from_dataset, numpy_collate, to_numpy
-
-
-class PairDataset(Dataset):
-    """Module level so spawn workers can unpickle it. Example i is (float64 features, int64 label i)."""
-
-    def __init__(self, n: int = 12, dim: int = 3):
-        self.n, self.dim = n, dim
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return torch.full((self.dim,), float(i), dtype=torch.float64), torch.tensor(i, dtype=torch.int64)
 
 
 class DictDataset(Dataset):
@@ -297,7 +285,7 @@ def test_fork_warning():
         from_dataloader(DataLoader(ds, batch_size=2, num_workers=0, multiprocessing_context=None))
 
 
-@pytest.mark.slow  # ~10 s: each spawned worker re-imports torch, jax and this module
+@pytest.mark.slow  # each spawned worker imports torch and the dataset's module (torch only: worker_datasets.py)
 def test_from_dataloader_spawn_workers():
     dl = DataLoader(PairDataset(12), batch_size=4, num_workers=2, multiprocessing_context="spawn",
                     persistent_workers=True)

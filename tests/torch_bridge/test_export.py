@@ -152,7 +152,17 @@ class InPlaceResidual(nn.Module):
         return self.relu(out) - out.mean()
 
 
-FUNCTIONAL_CASES = [(BNDrop, True), (Counting, True), (InPlaceResidual, True), (ViewOfUpdated, False)]
+class LowPrecisionInPlace(nn.Module):
+    """An in-place add keeps its bfloat16 tensor bfloat16 although the other operand is float32."""
+
+    def forward(self, x):
+        h = (x * 2).to(torch.bfloat16)
+        h.add_(x)
+        return h.float() * 3
+
+
+FUNCTIONAL_CASES = [(BNDrop, True), (Counting, True), (InPlaceResidual, True), (LowPrecisionInPlace, True),
+                    (ViewOfUpdated, False)]
 
 
 @pytest.mark.parametrize("make,rewritten", FUNCTIONAL_CASES, ids=[m.__name__ for m, _ in FUNCTIONAL_CASES])
