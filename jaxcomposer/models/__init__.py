@@ -10,6 +10,7 @@ from jaxcomposer.core.model import PureModel
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
+from jaxcomposer.models.resnet_imagenet import ResNetImageNet, resnet50
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 
 
@@ -28,4 +29,5 @@ def num_params(model: Any) -> int:
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-__all__ = ["BUILDERS", "GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ComposerClassifier", "ComposerCausalLM", "num_params"]
+__all__ = ["BUILDERS", "GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet50", "ComposerClassifier",
+           "ComposerCausalLM", "num_params"]

@@ -1,8 +1,11 @@
 """A small byte-level GPT (nanoGPT layout): pre-LN blocks, learned positions, causal attention, tied head.
 
-Attention goes through ``jax.nn.dot_product_attention(..., is_causal=True)`` in (B, T, H, D) layout so XLA may
-pick a fused kernel. That API has no attention-probability dropout, so ``dropout`` applies to the embeddings and
-to each residual branch output (nanoGPT's ``resid_dropout``), which is where most of its effect is anyway.
+Attention goes through ``jax.nn.dot_product_attention(..., is_causal=True)`` in (B, T, H, D) layout;
+``attention_impl`` is that function's ``implementation``: None (JAX's choice, today its XLA path, which runs
+everywhere), ``'xla'``, or ``'cudnn'`` (cuDNN's fused flash attention: NVIDIA GPUs only, fp16/bf16 inputs, i.e.
+training with ``precision='amp_bf16'``, head size <= 128; it skips the masked half of causal attention). That API
+has no attention-probability dropout, so ``dropout`` applies to the embeddings and to each residual branch output
+(nanoGPT's ``resid_dropout``), which is where most of its effect is anyway.
 """
 from __future__ import annotations
 
@@ -14,16 +17,19 @@ from flax import nnx
 
 from jaxcomposer.models._keys import split_dropout_keys
 
+ATTENTION_IMPLS = (None, "xla", "cudnn")  # jax.nn.dot_product_attention's ``implementation`` values
+
 
 def _normal(std: float):
     return jax.nn.initializers.normal(stddev=std)
 
 
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, d_model: int, n_heads: int, resid_std: float, *, rngs: nnx.Rngs):
+    def __init__(self, d_model: int, n_heads: int, resid_std: float, attention_impl: str | None = None,
+                 *, rngs: nnx.Rngs):
         if d_model % n_heads != 0:
             raise ValueError(f"GPT: d_model={d_model} must be divisible by n_heads={n_heads}.")
-        self.n_heads = n_heads
+        self.n_heads, self.attention_impl = n_heads, attention_impl
         self.qkv = nnx.Linear(d_model, 3 * d_model, kernel_init=_normal(0.02), rngs=rngs)
         self.proj = nnx.Linear(d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
 
@@ -31,7 +37,8 @@ class CausalSelfAttention(nnx.Module):
         b, t, d = x.shape
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
         shape = (b, t, self.n_heads, d // self.n_heads)
-        y = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal=True)
+        y = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal=True,
+                                         implementation=self.attention_impl)
         return self.proj(y.reshape(b, t, d))
 
 
@@ -39,9 +46,9 @@ class Block(nnx.Module):
     """``x + drop(attn(ln1(x)))`` then ``x + drop(mlp(ln2(x)))``."""
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, dropout: float, resid_std: float,
-                 *, rngs: nnx.Rngs):
+                 attention_impl: str | None = None, *, rngs: nnx.Rngs):
         self.ln1 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-        self.attn = CausalSelfAttention(d_model, n_heads, resid_std, rngs=rngs)
+        self.attn = CausalSelfAttention(d_model, n_heads, resid_std, attention_impl, rngs=rngs)
         self.ln2 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
         self.fc = nnx.Linear(d_model, mlp_ratio * d_model, kernel_init=_normal(0.02), rngs=rngs)
         self.fc_proj = nnx.Linear(mlp_ratio * d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
@@ -62,16 +69,18 @@ class GPT(nnx.Module):
 
     def __init__(self, vocab_size: int = 256, seq_len: int = 128, d_model: int = 128, n_layers: int = 4,
                  n_heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0, tie_embeddings: bool = True,
-                 *, rngs: nnx.Rngs):
+                 attention_impl: str | None = None, *, rngs: nnx.Rngs):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"GPT: dropout must be in [0, 1), got {dropout}.")
+        if attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"GPT: attention_impl must be one of {ATTENTION_IMPLS}, got {attention_impl!r}.")
         self.vocab_size, self.seq_len, self.n_layers = vocab_size, seq_len, n_layers
         self.dropout_rate = dropout
         resid_std = 0.02 / math.sqrt(2 * n_layers)
         self.wte = nnx.Embed(vocab_size, d_model, embedding_init=_normal(0.02), rngs=rngs)
         self.wpe = nnx.Embed(seq_len, d_model, embedding_init=_normal(0.02), rngs=rngs)
         self.drop = nnx.Dropout(dropout)
-        self.blocks = nnx.List([Block(d_model, n_heads, mlp_ratio, dropout, resid_std, rngs=rngs)
+        self.blocks = nnx.List([Block(d_model, n_heads, mlp_ratio, dropout, resid_std, attention_impl, rngs=rngs)
                                 for _ in range(n_layers)])
         self.ln_f = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
         self.lm_head = None if tie_embeddings else nnx.Linear(

@@ -1,0 +1,51 @@
+"""benchmarks/gpu_suite.py end to end in its --cpu-smoke mode: tiny shapes, in this process, on the CPU.
+
+It checks the script, not speed: every section writes every side with a positive throughput and a finite loss
+(torch.compile is skipped in a smoke run, with its reason), and the goal fields are there.
+"""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_suite.py"
+
+
+def load_suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_smoke_writes_every_section(tmp_path):
+    suite = load_suite()
+    out = tmp_path / "x.json"
+    assert suite.main(["--cpu-smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True and set(result["sections"]) == set(suite.SECTIONS)
+    expected_sides = {"resnet50": {"jaxcomposer", "torch_eager", "torch_compile"},
+                      "gpt2": {"jaxcomposer", "torch_eager", "torch_compile"},
+                      "bridged_resnet50": {"bridged", "plain_flax"}}
+    for name, section in result["sections"].items():
+        assert "error" not in section, section.get("error")
+        sides = section["sides"]
+        assert set(sides) == expected_sides[name]
+        for side, rec in sides.items():
+            if side == "torch_compile":
+                assert rec["status"] == "skipped" and "--cpu-smoke" in rec["reason"]
+                continue
+            assert rec["status"] == "ok", rec
+            assert rec["median_items_per_s"] > 0 and all(x > 0 for x in rec["items_per_s"])
+            assert math.isfinite(rec["final_loss"])
+            assert "mfu" in rec and "memory" in rec
+        assert section["flops_per_item"] > 0
+        goal = section["goal"]
+        assert {"goal", "target", "value", "pass"} <= set(goal) and isinstance(goal["pass"], bool)
+    assert result["sections"]["gpt2"]["sides"]["jaxcomposer"]["attention_impl"] == "xla"
+    ratios = result["sections"]["resnet50"]["ratios"]
+    assert ratios["jaxcomposer_over_torch_eager"] > 0 and ratios["jaxcomposer_over_torch_compile"] is None
+    assert result["sections"]["bridged_resnet50"]["ratios"]["bridged_over_plain_flax"] > 0
+    assert result["cross_section_ratios"]["bridged_over_native_trainer"] > 0
