@@ -51,8 +51,7 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache
 
 # What benchmarks/gpu_suite.py needs on the lent GPU machine beyond its image (Python 3.12): wheels to carry in .whl/
-GPU_WHEELS := grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 pydantic==2.14.4 pydantic-core==2.50.5 \
-  annotated-types==0.8.0 typing-inspection==0.4.5
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(foreach p,manylinux_2_28 manylinux_2_24 manylinux_2_17 manylinux2014,--platform $(p)_x86_64) -d .whl $(GPU_WHEELS)

@@ -55,17 +55,16 @@ nothing installed), from the repository root:
     python3 benchmarks/gpu_suite.py                      # full, < 8 min -> benchmarks/results/gpu_suite.json
     python3 benchmarks/gpu_suite.py --sections gpt2      # one section (or a comma list)
 
-The script puts the repository root on ``sys.path`` itself. ``import jaxcomposer`` also needs pydantic and grain
-(and their dependencies), which such a machine may lack: the script checks first and names what is missing. Carry
-their wheels (CPython 3.12, manylinux x86_64) in ``.whl/`` (git-ignored), made here, where there is network:
-``make gpu-wheels``. Then, on the lent machine, with ``.whl`` carried:
+The script puts the repository root on ``sys.path`` itself. ``import jaxcomposer`` also needs pydantic
+(with pydantic-core, annotated-types and typing-inspection), which that machine lacks: the script checks first and
+names what is missing. Carry their wheels (CPython 3.12, manylinux x86_64) in ``.whl/`` (git-ignored), made here,
+where there is network: ``make gpu-wheels``. Then, on the lent machine, with ``.whl`` carried:
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
         PYTHONPATH=/tmp/site python3 benchmarks/gpu_suite.py
 
-(pydantic brings pydantic-core, annotated-types, typing-inspection; grain brings array-record and portpicker; its
-other needs, cloudpickle, etils, protobuf and absl-py, are on that machine already). PyYAML and orbax-checkpoint
-come with flax, Pillow with torchvision; nothing else is imported (no tqdm, tensorboardX, matplotlib, scikit-learn).
+PyYAML and orbax-checkpoint come with flax, Pillow with torchvision; nothing else is imported (no tqdm,
+tensorboardX, matplotlib, scikit-learn).
 
 Check the script on a CPU (tiny shapes, one ResNet stage, one GPT layer, fp32, 2 timed steps, torch.compile
 skipped, all in this process; its numbers mean nothing; tests/test_gpu_suite.py runs it):
@@ -111,7 +110,7 @@ ANCHORS_H200 = {"resnet50": {"torch_eager": 4694.0, "torch_compile": 6661.0, "pl
 # Dense bf16 peaks (FLOP/s), by a substring of jax's device_kind.
 PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12}
 # What `import jaxcomposer, torch_bridge` needs beyond JAX/flax/optax/torch (checked before any section starts).
-REQUIRED_MODULES = ("jax", "flax", "optax", "numpy", "torch", "pydantic", "grain", "yaml", "orbax.checkpoint", "PIL")
+REQUIRED_MODULES = ("jax", "flax", "optax", "numpy", "torch", "pydantic", "yaml", "orbax.checkpoint", "PIL")
 SECTION_SHARE = {"resnet50": 0.4, "gpt2": 0.3, "bridged_resnet50": 0.3}  # of the time left when a section starts
 
 _T0 = time.perf_counter()

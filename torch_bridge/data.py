@@ -3,7 +3,7 @@
 Two entry points:
 
 * ``from_dataset(ds, batch_size, ...)`` -- the preferred path. A map-style torch ``Dataset`` (``__len__`` +
-  ``__getitem__``) is read through grain's index pipeline exactly like ``jaxcomposer.data.ArrayLoader``: the order
+  ``__getitem__``) is read through the same index pipeline as ``jaxcomposer.data.ArrayLoader``: the order
   of an epoch is a pure function of ``(seed, epoch)`` (same shuffle as ``ArrayLoader`` for the same seed), any
   batch is addressable directly, so ``get_state``/``set_state`` resume is exact and costs nothing.
 * ``from_dataloader(dl)`` -- wraps an existing ``torch.utils.data.DataLoader`` (custom samplers, worker processes,

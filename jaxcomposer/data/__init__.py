@@ -1,4 +1,4 @@
-"""Data: in-memory grain loaders with exact resume, device prefetch, and datasets available offline.
+"""Data: in-memory loaders with exact resume, device prefetch, and datasets available offline.
 
 See docs/design.md, "Data". Everything here returns numpy on the host; ``prefetch_to_device`` moves batches to devices.
 """
