@@ -18,22 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.models._keys import split_dropout_keys
+from jaxcomposer.models.resnet import _bn, _conv  # the same torchvision-style conv (kaiming fan-out) and BatchNorm
 
 EXPANSION = 4  # a bottleneck's output has 4x the channels of its 3x3 conv
-# torchvision's ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``: untruncated normal, variance 2 / fan_out.
-kaiming_fan_out = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
-
-
-def _conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs) -> nnx.Conv:
-    # Explicit symmetric padding (torch's padding=k//2) rather than "SAME", which pads stride-2 convs asymmetrically.
-    pad = kernel // 2
-    return nnx.Conv(cin, cout, kernel_size=(kernel, kernel), strides=(stride, stride),
-                    padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=kaiming_fan_out, rngs=rngs)
-
-
-def _bn(c: int, momentum: float, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
-    scale_init = jax.nn.initializers.zeros if zero else jax.nn.initializers.ones
-    return nnx.BatchNorm(c, momentum=momentum, epsilon=1e-5, scale_init=scale_init, rngs=rngs)
 
 
 class Bottleneck(nnx.Module):
