@@ -9,6 +9,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_suite.py"
 
 
@@ -20,6 +22,7 @@ def load_suite():
     return module
 
 
+@pytest.mark.slow  # ~12 s of compiles on one worker: scheduled first (conftest), so no worker ends the run on it
 def test_cpu_smoke_writes_every_section(tmp_path):
     suite = load_suite()
     out = tmp_path / "x.json"
