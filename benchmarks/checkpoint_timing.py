@@ -1,5 +1,8 @@
-"""How long a checkpoint save and restore take, for the quickstart model and a ~100M-parameter state, and what
-asynchronous saving costs a training step. Usage: python benchmarks/checkpoint_timing.py [--smoke]
+"""How long a checkpoint save and restore take, for the quickstart model (in both formats: ``.npz`` items, the
+default for small states, and orbax's array format) and a ~100M-parameter state, and what asynchronous saving
+every 20 batches costs a training step: two quickstart Trainers, one saving and one not, trained in interleaved
+rounds (median of the per-round ratios, so the machine's drift hits both sides alike).
+Usage: python benchmarks/checkpoint_timing.py [--smoke] [--rounds N]
 Writes benchmarks/results/checkpoint_timing.json; prints a table last."""
 from __future__ import annotations
 
@@ -13,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common import machine_facts, pause_callback, results_path, write_json
-from jaxcomposer import Trainer
+from common import TrainerSide, machine_facts, results_path, write_json
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.data import ArrayLoader
@@ -25,9 +27,9 @@ from jaxcomposer.trainer.checkpoint import CheckpointStore
 from flax import nnx
 
 
-def time_store(state, folder: Path) -> dict:
+def time_store(state, folder: Path, **store_kwargs) -> dict:
     """save() returning (host copy done) / committed + checksummed / restore with verification."""
-    store = CheckpointStore(folder)
+    store = CheckpointStore(folder, **store_kwargs)
     t0 = time.perf_counter()
     store.save(1, state, Timestamp())
     t_call = time.perf_counter() - t0
@@ -43,27 +45,30 @@ def time_store(state, folder: Path) -> dict:
             "restore_verified_s": round(t_restore, 3), "bytes_on_disk": size}
 
 
-def quickstart_trainer(steps: int, save_folder=None, every: str = "20ba", callbacks=None) -> Trainer:
+def quickstart_side(save_folder=None) -> TrainerSide:
     rng = np.random.default_rng(0)
     data = {"input": rng.standard_normal((128 * 8, 28, 28, 1), dtype=np.float32),
             "target": rng.integers(0, 10, 128 * 8).astype(np.int32)}
     task = ComposerClassifier(ResNetCIFAR(depth=8, width=16, num_classes=10, in_channels=1, stem_stride=2,
                                           rngs=nnx.Rngs(0)))
-    return Trainer(model=task, train_dataloader=ArrayLoader(data, 128), max_duration=f"{steps}ba",
-                   optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), progress_bar=False, seed=0,
-                   save_folder=save_folder, save_interval=every, devices=jax.devices()[:1], callbacks=callbacks)
+    return TrainerSide(model=task, train_dataloader=ArrayLoader(data, 128), max_duration="100000ba",
+                       optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), progress_bar=False, seed=0,
+                       save_folder=save_folder, save_interval="20ba", devices=jax.devices()[:1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of 200 steps per side")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ckpt-timing-"))
     results = {}
     try:
-        quick = quickstart_trainer(1)
+        quick = quickstart_side().trainer
         results["quickstart_state"] = time_store(quick.state.train_state, tmp / "quick")
+        results["quickstart_state_orbax_format"] = time_store(quick.state.train_state, tmp / "quick_orbax",
+                                                              small_state_bytes=0)
         n = 1_000_000 if args.smoke else 100_000_000  # params; SGD momentum doubles the state
         keys = jax.random.split(jax.random.PRNGKey(0), 20)  # random values: constants would compress to nothing
         big = TrainState(step=jnp.zeros((), jnp.int32), model_state={}, extras={}, key=jax.random.PRNGKey(0),
@@ -71,21 +76,19 @@ def main() -> None:
                          opt_state={f"w{i}": jax.random.normal(keys[10 + i], (n // 10,)) for i in range(10)})
         results[f"{n // 1_000_000}M_params_plus_momentum"] = time_store(big, tmp / "big")
         del big
-        steps = 40 if args.smoke else 200
-        timing = {}
-        for label, folder in (("no_saving", None), ("async_save_every_20ba", tmp / "train")):
-            pause = pause_callback()
-            pause.at = steps
-            t = quickstart_trainer(2 * steps, folder, callbacks=[pause])
-            t.fit()  # compile + warm: the first half of the planned run
-            pause.at = 2 * steps
-            t0 = time.perf_counter()
-            t.fit()
-            jax.block_until_ready(t.state.train_state)
-            timing[label] = round((time.perf_counter() - t0) / steps * 1e3, 2)
-            t.close()
-        timing["overhead_per_step_pct"] = round(100 * (timing["async_save_every_20ba"] / timing["no_saving"] - 1), 1)
-        results["step_ms"] = timing
+        steps = 20 if args.smoke else 200
+        plain, saving = quickstart_side(), quickstart_side(tmp / "train")
+        for side in (plain, saving):
+            side.run(steps)  # compile and warm up
+        rounds = {"no_saving": [], "async_save_every_20ba": []}
+        for _ in range(1 if args.smoke else args.rounds):
+            rounds["no_saving"].append(plain.run(steps) / steps * 1e3)
+            rounds["async_save_every_20ba"].append(saving.run(steps) / steps * 1e3)
+        saving.trainer.close()
+        ratios = [s / p for p, s in zip(rounds["no_saving"], rounds["async_save_every_20ba"])]
+        results["step_ms"] = {**{k: round(float(np.median(v)), 2) for k, v in rounds.items()},
+                              "rounds": {k: [round(x, 2) for x in v] for k, v in rounds.items()},
+                              "overhead_per_step_pct": round(100 * (float(np.median(ratios)) - 1), 1)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out = results_path("checkpoint_timing", args.smoke, args.out)
@@ -96,7 +99,10 @@ def main() -> None:
         if k != "step_ms":
             print(f"{k:<30}{v['save_call_s']:>10}{v['save_committed_s']:>13}{v['restore_verified_s']:>11}"
                   f"{v['bytes_on_disk'] / 1e6:>9.1f}")
-    print(f"step ms: {results['step_ms']}")
+    step = results["step_ms"]
+    print(f"step ms (median of {len(step['rounds']['no_saving'])} interleaved rounds): no saving "
+          f"{step['no_saving']}, async save every 20 batches {step['async_save_every_20ba']}: "
+          f"{step['overhead_per_step_pct']:+}% per step")
     print(f"results: {out}")
 
 

@@ -1,4 +1,5 @@
-"""Saving and restoring a run: the ``TrainState`` pytree (orbax) plus the host-side timestamp (JSON).
+"""Saving and restoring a run: the ``TrainState`` pytree (orbax; small states as ``.npz`` items, see
+``flat_arrays``) plus the host-side timestamp (JSON).
 
 A checkpoint directory holds three items: ``weights`` (params and model state), ``train`` (step, optimizer state,
 method extras such as EMA, RNG key; absent when saved with ``weights_only``) and the ``meta`` JSON (timestamp,
@@ -32,6 +33,7 @@ import orbax.checkpoint as ocp
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.errors import CheckpointError, CorruptCheckpointError
+from jaxcomposer.trainer import flat_arrays
 
 WEIGHTS, TRAIN, META = "weights", "train", "meta"
 WEIGHT_FIELDS = ("params", "model_state")
@@ -119,6 +121,8 @@ class _NoStepMetadataNotice(logging.Filter):
 
 def _restore_item(item_dir: Path, sharding) -> dict[str, Any]:
     """Restore an item as it was saved (shapes from its metadata), every array placed with ``sharding``."""
+    if flat_arrays.is_flat_item(item_dir):
+        return {name: jax.device_put(x, sharding) for name, x in flat_arrays.read(item_dir / flat_arrays.FILE).items()}
     quiet = _NoStepMetadataNotice()
     logging.getLogger("absl").addFilter(quiet)
     try:
@@ -215,10 +219,16 @@ def save_checkpoint(path: str | Path, train_state: TrainState, timestamp: Timest
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    with ocp.StandardCheckpointer() as ckptr:
-        for item, tree in split_state(train_state, weights_only).items():
-            ckptr.save(tmp / item, tree)
-        ckptr.wait_until_finished()
+    items = split_state(train_state, weights_only)
+    if flat_arrays.is_small_state(items):
+        for item, tree in items.items():
+            (tmp / item).mkdir()
+            flat_arrays.write(tmp / item / flat_arrays.FILE, flat_arrays.host_copy(flat_paths(tree)))
+    else:
+        with ocp.StandardCheckpointer() as ckptr:
+            for item, tree in items.items():
+                ckptr.save(tmp / item, tree)
+            ckptr.wait_until_finished()
     (tmp / META_FILE).write_text(json.dumps({"timestamp": timestamp.state_dict(), "weights_only": weights_only,
                                              **(meta or {})}, indent=1))
     write_checksums(tmp)
@@ -257,13 +267,16 @@ class CheckpointStore:
     writes. The checksums are written by orbax's background thread into the temporary directory just before its
     atomic rename, so a committed step always carries its table and the training loop never waits for hashing.
 
+    ``small_state_bytes``: states up to this size go to ``.npz`` items (``flat_arrays``; 0: always orbax's format).
+
     ``overwrite=True`` (Composer's ``save_overwrite``): checkpoints already in the folder are deleted at this run's
     first save (not before: a run that fails early destroys nothing), so pruning and autoresume never mix runs.
     """
 
     def __init__(self, folder: str | Path, *, keep: int = -1, async_save: bool = True, overwrite: bool = False,
-                 weights_only: bool = False):
+                 weights_only: bool = False, small_state_bytes: int = flat_arrays.SMALL_STATE_BYTES):
         self.folder = Path(folder).absolute()  # orbax needs absolute paths
+        self.small_state_bytes = small_state_bytes  # states up to this size are written as .npz items (flat_arrays)
         if keep == 0 or keep < -1:
             raise CheckpointError(f"save_num_checkpoints_to_keep: got {keep}, expected -1 (keep all) or >= 1")
         self.async_save, self.weights_only = async_save, weights_only
@@ -320,7 +333,11 @@ class CheckpointStore:
             manager.delete(old)
         self._stale = set()
         items = split_state(train_state, self.weights_only)
-        args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+        if flat_arrays.is_small_state(items, self.small_state_bytes):
+            args = {name: flat_arrays.FlatArraysSave(flat_arrays.host_copy(flat_paths(tree)))
+                    for name, tree in items.items()}
+        else:
+            args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
         args[META] = ocp.args.JsonSave({"timestamp": timestamp.state_dict(), "weights_only": self.weights_only,
                                         **(meta or {})})
         self._in_flight = step
