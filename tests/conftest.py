@@ -14,13 +14,18 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   -> 1.9 s). Every assertion still holds (bitwise equalities compare runs of one build; parity tolerances are the
   fixed ones). The SIGKILL-and-autoresume runs (tests/trainer/test_fault_injection.py) compile as users do,
   optimized and with the default emitters, so bitwise resume is still checked in the configuration users run;
-- the bridge's op tables compile once per table, not once per row (tests/torch_bridge/parity.py, ``JitTable``).
+- the bridge's op tables compile once per table, not once per row (tests/torch_bridge/parity.py, ``JitTable``);
+- torch runs one OpenMP thread per process (below).
 """
 import os
 import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# torch's OpenMP pool sized to one thread in each test process (xdist workers and the subprocesses they start): three
+# workers on two cores would otherwise oversubscribe them with spinning OpenMP threads for ops on tiny tensors
+# (measured on tests/torch_bridge/test_composer_model.py alone: -10% CPU time; more under the workers' contention)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"  # tests only: the fault-injection runs drop it
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
