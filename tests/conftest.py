@@ -59,6 +59,18 @@ def pytest_collection_modifyitems(config, items):
                                  item.get_closest_marker("xdist_group") is None))
 
 
+def pytest_collection_finish(session):
+    # ``--dist loadgroup`` keeps a file's module-level caches (bridged zoo models, op tables) on one worker by tagging
+    # node ids with ``@group``; pytest 9.2 moved node ids where pytest-xdist 3.8 no longer writes, so every worker
+    # silently rebuilt every cache (the op tables and the zoo three times over). Fail loudly if that comes back.
+    config = session.config
+    if getattr(config.option, "loadgroup", False):
+        untagged = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if untagged:
+            raise pytest.UsageError(f"--dist loadgroup did not tag {untagged[0]} (and {len(untagged) - 1} more) "
+                                    "with its xdist_group: this pytest / pytest-xdist pair breaks grouping")
+
+
 def pytest_unconfigure(config):
     if _OWNS_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)
