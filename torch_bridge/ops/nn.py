@@ -77,11 +77,51 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
             pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
         else:
             pads = [(p, p) for p in _tuple(padding, nd)]
-        y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
-                                     feature_group_count=groups)
+        if _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
+            y = _depthwise_by_taps(x, w, stride, pads, dilation)
+        else:
+            y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                         feature_group_count=groups)
     if b is not None:
         y = y + _channel(b, y.ndim)
     return y[0] if unbatched else y
+
+
+def _out_size(size, pad, k, stride, dilation):
+    return (size + pad[0] + pad[1] - dilation * (k - 1) - 1) // stride + 1
+
+
+def _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation) -> bool:
+    """A batched 2-D depthwise convolution (one input channel per group, any channel multiplier) in float32/64 with
+    at most 7x7 taps. bfloat16/float16 keep XLA's convolution, which accumulates in float32 as torch does."""
+    if w.ndim != 4 or x.ndim != 4 or groups == 1 or groups != x.shape[1] or w.shape[1] != 1:
+        return False
+    if x.dtype not in (jnp.float32, jnp.float64) or w.shape[2] * w.shape[3] > 49:
+        return False
+    return all(_out_size(x.shape[2 + d], pads[d], w.shape[2 + d], stride[d], dilation[d]) > 0 for d in range(2))
+
+
+def _depthwise_by_taps(x, w, stride, pads, dilation):
+    """Depthwise 2-D convolution as a sum of ``kh * kw`` shifted, strided slices of the padded input, each times its
+    tap's per-channel weight. XLA:CPU runs a convolution with one channel per group through a generic loop: on
+    MobileNet/EfficientNet shapes (batch 32, 32-240 channels, 14-56 px, 3x3 and 5x5) this is 20-50x faster forward
+    and ~4x faster forward+backward than ``conv_general_dilated(feature_group_count=C)``."""
+    n, c, h, wd = x.shape
+    multiplier = w.shape[0] // c
+    if multiplier > 1:  # output channel o reads input channel o // multiplier
+        x = jnp.repeat(x, multiplier, axis=1)
+    kh, kw = w.shape[2:]
+    ho, wo = (_out_size(size, pads[d], (kh, kw)[d], stride[d], dilation[d]) for d, size in enumerate((h, wd)))
+    xp = jnp.pad(x, ((0, 0), (0, 0), tuple(pads[0]), tuple(pads[1])))
+    y = None
+    for i in range(kh):
+        for j in range(kw):
+            r, q = i * dilation[0], j * dilation[1]
+            tap = lax.slice(xp, (0, 0, r, q), (xp.shape[0], xp.shape[1], r + (ho - 1) * stride[0] + 1,
+                                              q + (wo - 1) * stride[1] + 1), (1, 1, stride[0], stride[1]))
+            term = tap * w[:, 0, i, j][None, :, None, None]
+            y = term if y is None else y + term
+    return y
 
 
 @lower(A.conv1d.default, A.conv1d.padding, A.conv2d.default, A.conv2d.padding, A.conv3d.default, A.conv3d.padding)
