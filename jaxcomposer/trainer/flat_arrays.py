@@ -36,6 +36,8 @@ def is_small_state(tree, limit_bytes: int = SMALL_STATE_BYTES) -> bool:
         return False
     leaves = jax.tree_util.tree_leaves(tree)
     for x in leaves:
+        if not isinstance(x, (jax.Array, np.ndarray)):  # Python scalars and other leaves: orbax's handlers know them
+            return False
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):  # typed keys have no host representation
             return False
         if isinstance(x, jax.Array) and not x.is_fully_addressable:

@@ -7,6 +7,7 @@ import pytest
 
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
+from jaxcomposer.errors import CheckpointError
 from jaxcomposer.trainer import flat_arrays
 from jaxcomposer.trainer.checkpoint import CheckpointStore, save_checkpoint, restore
 
@@ -53,6 +54,7 @@ def test_which_states_take_the_npz_format():
     size = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state))
     assert flat_arrays.is_small_state(state, limit_bytes=size) and not flat_arrays.is_small_state(state, size - 1)
     assert not flat_arrays.is_small_state(state._replace(key=jax.random.key(0)))  # typed keys: no host array
+    assert not flat_arrays.is_small_state(state._replace(extras={"count": 3}))  # a Python scalar: orbax's format
 
 
 def test_store_writes_npz_items_and_both_formats_restore_the_same_bits(tmp_path):
@@ -76,6 +78,6 @@ def test_save_checkpoint_directory_in_npz_format_restores_and_detects_a_mismatch
     assert (path / "weights" / flat_arrays.FILE).is_file() and (path / "train" / flat_arrays.FILE).is_file()
     restored, _, _ = restore(path, _zeros_like(state))
     _assert_same_bits(restored, state)
-    with pytest.raises(Exception, match=r"params\.dense\.kernel: checkpoint has \(6, 3\) float32, the model/recipe "
+    with pytest.raises(CheckpointError, match=r"params\.dense\.kernel: checkpoint has \(6, 3\) float32, the model/recipe "
                                         r"has \(4, 3\) float32"):
         restore(path, _zeros_like(_state(n=4)))
