@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 	$(WITH_PYC) $(PY) -c "import jaxcomposer.cli, torch_bridge, torch.export, torchmetrics, matplotlib.pyplot, \
 	  tensorboardX, pytest, xdist, ipykernel.kernelapp, nbclient, jupytext, mlflow.tracking, wandb, \
 	  transformers.models.gpt2.modeling_gpt2, transformers.models.bert.modeling_bert"
+	# oneDNN convolutions for XLA:CPU (conv_impl: onednn): compiled once against torch's and jaxlib's headers (~15 s)
+	@command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq g++; \
+	  else echo "no C++ compiler: conv_impl=onednn will be unavailable (install g++)"; fi; }
+	-$(WITH_PYC) $(PY) -c "import torch_bridge.kernels as k; print('oneDNN convolution kernel:', k.build())"
 	touch $(STAMP)
 
 install: $(STAMP)

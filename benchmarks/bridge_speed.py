@@ -45,7 +45,7 @@ from flax import nnx
 
 import torch_bridge
 from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
-                    load_quickstart, machine_facts, results_path, write_json)
+                    load_quickstart, machine_facts, results_path, torch_model_kwargs, write_json)
 from interop.torch_mirrors import TorchResNetCIFAR
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.models import ResNetCIFAR
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     total = args.warmup + args.rounds * args.steps
 
     torch.manual_seed(q["seed"])
-    module = TorchResNetCIFAR(**q["model"])
+    module = TorchResNetCIFAR(**torch_model_kwargs(q["model"]))
     torch_copy = copy.deepcopy(module)  # torch trains the copy; the bridge converts the original (same weights)
     t0 = time.perf_counter()
     bm = torch_bridge.from_torch(module, (torch.from_numpy(pool_nchw[0]["input"]),),

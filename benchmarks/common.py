@@ -77,6 +77,11 @@ def load_quickstart(path: Path | str) -> dict:
             "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0))}
 
 
+def torch_model_kwargs(model_kwargs: dict) -> dict:
+    """A jaxcomposer model's kwargs for its torch mirror: ``conv_impl`` picks JAX's convolution kernels, not the model."""
+    return {k: v for k, v in model_kwargs.items() if k != "conv_impl"}
+
+
 def fashion_mnist_batches(batch_size: int, count: int, seed: int) -> tuple[list[dict], str]:
     """``count`` host batches ``{'input': float32 (B,28,28,1) normalized, 'target': int32 (B,)}`` (NHWC), from
     Fashion-MNIST when installed, else random data of its shape; also says which."""

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import ROOT, load_quickstart, machine_facts, results_path, write_json
+from common import ROOT, load_quickstart, machine_facts, results_path, torch_model_kwargs, write_json
 
 NAME = "step_profile"
 # Host-side bookkeeping events in a JAX trace, not kernels
@@ -108,7 +108,7 @@ def bridged_side(model_kwargs: dict, lr: float, momentum: float, batch_size: int
     from interop.torch_mirrors import TorchResNetCIFAR
 
     torch.manual_seed(0)
-    bridged = torch_bridge.from_torch(TorchResNetCIFAR(**model_kwargs), (torch.randn(batch_size, 1, 28, 28),),
+    bridged = torch_bridge.from_torch(TorchResNetCIFAR(**torch_model_kwargs(model_kwargs)), (torch.randn(batch_size, 1, 28, 28),),
                                       modes=(True,))
 
     def loss_fn(params, buffers, x, y):
@@ -156,7 +156,7 @@ def run_torch(model_kwargs: dict, lr: float, momentum: float, batch_size: int, s
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = TorchResNetCIFAR(**model_kwargs).to(memory_format=torch.channels_last)
+    model = TorchResNetCIFAR(**torch_model_kwargs(model_kwargs)).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True)
     x = torch.rand(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch_size,))

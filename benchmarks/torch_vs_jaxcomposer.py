@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, machine_facts as shared_machine_facts, results_path, write_json  # benchmarks/common.py
+from common import ROOT, machine_facts as shared_machine_facts, results_path, torch_model_kwargs, write_json  # benchmarks/common.py
 
 NAME = "torch_vs_jaxcomposer"
 TARGET_ACC = 0.91
@@ -185,7 +185,7 @@ def run_torch(s: dict) -> dict:
     cfg, info = s["cfg"], s["info"]
     torch.manual_seed(cfg.seed)
     kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-    model = build_torch_model(kwargs, info.input_shape[-1], info.num_classes)
+    model = build_torch_model(torch_model_kwargs(kwargs), info.input_shape[-1], info.num_classes)
     n_params = sum(p.numel() for p in model.parameters())
     channels_last = s["torch_memory_format"] == "channels_last"
     if channels_last:

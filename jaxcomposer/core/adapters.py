@@ -12,6 +12,8 @@ import functools
 from importlib import metadata
 from typing import Any, Callable, Mapping, NamedTuple
 
+from jaxcomposer.errors import ConfigurationError
+
 GROUP = "jaxcomposer.adapters"
 
 
@@ -37,7 +39,8 @@ class Adapter(NamedTuple):
     framework record no gradients (Composer scores examples under ``torch.no_grad()``). ``functional``: functional
     form name -> its implementation on the framework's models, for the forms that act on a model rather than on
     arrays (``compute_ema`` updates a torch EMA module in place, as Composer's does); called with the caller's
-    arguments as given.
+    arguments as given. ``kernels``: kernel name -> a JAX function the framework's libraries provide a faster
+    implementation of (torch: ``'conv_general_dilated'``, oneDNN convolutions on CPU); see :func:`kernel`.
     """
 
     is_model: Callable[[Any], bool]
@@ -51,6 +54,7 @@ class Adapter(NamedTuple):
     data_format: str = "NHWC"
     no_grad: Callable[[], Any] | None = None
     functional: Mapping[str, Callable] = {}
+    kernels: Mapping[str, Callable] = {}
 
 
 @functools.cache
@@ -105,3 +109,19 @@ def surgery(method: str, model: Any) -> Callable | None:
     """The framework-level surgery registered for ``method`` on ``model``'s framework, or None."""
     adapter = adapter_for(model)
     return None if adapter is None else adapter.surgery.get(method)
+
+
+def kernel(framework: str, name: str, *, wanted_by: str) -> Callable:
+    """The JAX kernel ``name`` that ``framework``'s adapter provides (loading that adapter, and so the framework).
+
+    ``wanted_by`` names the argument that asked for it, for the error when the adapter or kernel is missing.
+    """
+    if framework not in _entry_points():
+        raise ConfigurationError(f"{wanted_by}: needs the {framework!r} adapter (entry point group {GROUP!r}), which "
+                                 f"is not installed; install jaxcomposer with its torch bridge, or choose another "
+                                 f"implementation.")
+    provided = _load(framework).kernels
+    if name not in provided:
+        raise ConfigurationError(f"{wanted_by}: the {framework!r} adapter provides no kernel {name!r}; it has "
+                                 f"{sorted(provided) or 'none'}.")
+    return provided[name]

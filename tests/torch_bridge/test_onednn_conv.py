@@ -1,0 +1,184 @@
+"""torch_bridge.kernels.conv_general_dilated: oneDNN convolutions as XLA:CPU custom calls.
+
+Every supported case is checked three ways against ``lax.conv_general_dilated`` (values, input gradient, kernel
+gradient, at the bridge's per-layer tolerance) and, so that a silent fall-through cannot pass, by the custom calls
+in its compiled HLO. Unsupported cases must fall through to lax exactly.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+
+from jaxcomposer.models import ResNetCIFAR
+from torch_bridge import kernels
+
+ATOL = RTOL = 1e-5  # per layer, as every bridge parity test
+TARGET = "jaxcomposer_onednn_conv_"
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+NCHW = ("NCHW", "OIHW", "NCHW")
+
+# (id, layout, input shape, kernel (kh, kw), out channels, strides, padding, rhs_dilation, groups)
+CASES = [
+    ("nhwc_3x3_same_pads", NHWC, (4, 9, 9, 6), (3, 3), 8, (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ("nhwc_stride2_stem", NHWC, (3, 12, 12, 1), (3, 3), 5, (2, 2), ((1, 1), (1, 1)), (1, 1), 1),
+    ("nhwc_1x1_stride2", NHWC, (2, 7, 7, 8), (1, 1), 16, (2, 2), ((0, 0), (0, 0)), (1, 1), 1),
+    ("nhwc_SAME_stride2_asym", NHWC, (2, 10, 10, 4), (3, 3), 6, (2, 2), "SAME", (1, 1), 1),
+    ("nhwc_VALID_rect", NHWC, (2, 8, 11, 3), (2, 5), 4, (1, 2), "VALID", (1, 1), 1),
+    ("nhwc_dilated", NHWC, (2, 11, 11, 4), (3, 3), 4, (1, 1), ((2, 2), (2, 2)), (2, 2), 1),
+    ("nhwc_groups2", NHWC, (2, 8, 8, 6), (3, 3), 4, (1, 1), ((1, 1), (1, 1)), (1, 1), 2),
+    ("nhwc_depthwise_x2", NHWC, (2, 9, 9, 5), (3, 3), 10, (2, 2), ((1, 1), (1, 1)), (1, 1), 5),
+    ("nchw_3x3", NCHW, (3, 6, 9, 9), (3, 3), 7, (1, 1), ((1, 1), (1, 1)), (1, 1), 1),
+    ("nchw_7x7_stride2", NCHW, (2, 3, 16, 16), (7, 7), 8, (2, 2), ((3, 3), (3, 3)), (1, 1), 1),
+    ("nchw_depthwise", NCHW, (2, 6, 8, 8), (5, 5), 6, (1, 1), ((2, 2), (2, 2)), (1, 1), 6),
+    ("nchw_asym_explicit", NCHW, (2, 3, 8, 8), (3, 3), 4, (1, 1), ((0, 2), (1, 0)), (1, 1), 1),
+]
+
+
+def _operands(layout, shape, kernel, cout, groups, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    cin = shape[3] if layout == NHWC else shape[1]
+    kh, kw = kernel
+    # scaled so outputs are O(1) and the absolute tolerance means what it says
+    w = (rng.standard_normal((kh, kw, cin // groups, cout)) / np.sqrt(kh * kw * cin / groups)).astype(np.float32)
+    if layout == NCHW:
+        w = w.transpose(3, 2, 0, 1)
+    return jnp.asarray(x), jnp.asarray(w)
+
+
+def _conv_pair(layout, strides, padding, dilation, groups):
+    def with_impl(conv):
+        def f(x, w):
+            return conv(x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=layout,
+                        feature_group_count=groups, precision=lax.Precision.HIGHEST)
+        return f
+    return with_impl(lax.conv_general_dilated), with_impl(kernels.conv_general_dilated)
+
+
+def _custom_calls(fn, *args) -> str:
+    text = jax.jit(fn).lower(*args).as_text()
+    return " ".join(sorted({t for t in ("forward", "input_grad", "kernel_grad") if TARGET + t in text}))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_values_and_gradients_match_lax(case):
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = case
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    ref, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    assert _custom_calls(ours, x, w) == "forward"
+    np.testing.assert_allclose(jax.jit(ours)(x, w), ref(x, w), rtol=RTOL, atol=ATOL)
+
+    probe = jnp.asarray(np.random.default_rng(1).standard_normal(ref(x, w).shape), jnp.float32)
+
+    def grads(conv):
+        return jax.grad(lambda x, w: (conv(x, w) * probe).sum(), argnums=(0, 1))
+
+    assert _custom_calls(grads(ours), x, w) == "input_grad kernel_grad"  # the loss is linear: no forward needed
+    for got, want in zip(jax.jit(grads(ours))(x, w), grads(ref)(x, w)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_eager_call_matches_jit():
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = CASES[0]
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    _, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    np.testing.assert_array_equal(ours(x, w), jax.jit(ours)(x, w))
+
+
+def test_input_gradient_call_is_dropped_when_only_the_kernel_needs_one():
+    # the stem's input is the image: no input gradient, so XLA removes that custom call (torch skips it too)
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = CASES[1]
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    _, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    hlo = jax.jit(jax.grad(lambda w: ours(x, w).sum())).lower(w).compile().as_text()
+    assert TARGET + "kernel_grad" in hlo and TARGET + "input_grad" not in hlo
+
+
+@pytest.mark.parametrize("why, kwargs, dtype", [
+    ("bfloat16", {}, jnp.bfloat16),
+    ("transposed (lhs_dilation)", {"lhs_dilation": (2, 2)}, jnp.float32),
+    ("batch_group_count", {"batch_group_count": 2}, jnp.float32),
+    ("negative padding", {"padding": ((-1, 0), (0, 0))}, jnp.float32),
+])
+def test_unsupported_convolutions_fall_through_to_lax_exactly(why, kwargs, dtype):
+    x, w = _operands(NHWC, (2, 6, 6, 4), (3, 3), 4, 1)
+    x, w = x.astype(dtype), w.astype(dtype)
+    args = dict({"window_strides": (1, 1), "padding": ((1, 1), (1, 1)), "dimension_numbers": NHWC}, **kwargs)
+
+    def ref(x, w):
+        return lax.conv_general_dilated(x, w, **args)
+
+    def ours(x, w):
+        return kernels.conv_general_dilated(x, w, **args)
+
+    assert _custom_calls(ours, x, w) == ""
+    np.testing.assert_array_equal(jax.jit(ours)(x, w), jax.jit(ref)(x, w))
+
+
+def test_one_dimensional_and_other_layouts_fall_through():
+    x = jnp.ones((2, 9, 3), jnp.float32)
+    w = jnp.ones((3, 3, 4), jnp.float32)
+    dn = ("NWC", "WIO", "NWC")
+    ours = jax.jit(lambda x, w: kernels.conv_general_dilated(x, w, (1,), ((1, 1),), dimension_numbers=dn))
+    np.testing.assert_array_equal(ours(x, w), lax.conv_general_dilated(x, w, (1,), ((1, 1),), dimension_numbers=dn))
+    x4, w4 = _operands(NHWC, (2, 6, 6, 4), (3, 3), 4, 1)
+    mixed = ("NHWC", "OIHW", "NHWC")
+    assert _custom_calls(lambda x, w: kernels.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=mixed),
+                         x4, w4.transpose(3, 2, 0, 1)) == ""
+
+
+def test_vmap_runs_the_convolution_per_element():
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = CASES[0]
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    ref, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    ws = jnp.stack([w, 2 * w])
+    np.testing.assert_allclose(jax.jit(jax.vmap(ours, in_axes=(None, 0)))(x, ws),
+                               jax.vmap(ref, in_axes=(None, 0))(x, ws), rtol=RTOL, atol=2 * ATOL)
+
+
+def test_second_derivatives_are_refused():
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = CASES[0]
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    _, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    with pytest.raises(Exception):
+        jax.hessian(lambda w: ours(x, w).sum())(w)
+
+
+def _resnet(conv_impl):
+    return ResNetCIFAR(8, 8, 10, in_channels=1, stem_stride=2, conv_impl=conv_impl, rngs=nnx.Rngs(3))
+
+
+def test_resnet_with_onednn_convs_matches_xla_convs():
+    # same seed, same parameters; the model-level tolerance (1e-4) for logits, loss gradients and batch statistics
+    xla, onednn = _resnet("xla"), _resnet("onednn")
+    x = jnp.asarray(np.random.default_rng(2).random((6, 28, 28, 1)), jnp.float32)
+    y = jnp.arange(6) % 10
+
+    def loss_and_grads(model):
+        def loss(m):
+            logits = m(x, train=True)
+            return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1).mean(), logits
+        (value, logits), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        return value, logits, grads, nnx.state(model, nnx.BatchStat)
+
+    for got, want in zip(jax.tree.leaves(loss_and_grads(onednn)), jax.tree.leaves(loss_and_grads(xla))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert jax.tree.structure(nnx.state(onednn)) == jax.tree.structure(nnx.state(xla))
+
+
+def test_unknown_conv_impl_names_the_choices():
+    with pytest.raises(ValueError, match=r"conv_impl must be one of \('xla', 'onednn'\), got 'mkldnn'"):
+        _resnet("mkldnn")
+
+
+def test_build_is_cached_by_source_and_versions():
+    path = kernels.build()
+    assert path.exists() and path == kernels.library_path()
+    mtime = path.stat().st_mtime_ns
+    assert kernels.build() == path and path.stat().st_mtime_ns == mtime  # no rebuild
