@@ -1,8 +1,14 @@
 """A bridged MobileNetV2-style CNN (inverted residual blocks: 1x1 expand, 3x3 depthwise, 1x1 project) trained on
-CIFAR-sized batches: the train step with torch_bridge's depthwise lowering (shifted slices times per-channel taps)
-against the same bridged model with XLA's grouped convolution, and against torch eager, side by side in one process
-(interleaved rounds, medians). The XLA side is reached by switching the lowering's applicability test off for
-the trace, which is what the bridge did before.
+CIFAR-sized batches, side by side in one process (interleaved rounds, medians), with each of the bridge's
+convolution lowerings and against torch eager:
+
+- ``bridged_onednn``: the default on CPU, every float32 2-D convolution on oneDNN (``torch_bridge.kernels``);
+- ``bridged_taps``: without the oneDNN kernels (as on a machine without a C++ compiler): depthwise convolutions as
+  shifted slices times per-channel taps, the others on XLA;
+- ``bridged_xla_grouped``: XLA's convolutions only (``feature_group_count=C`` for the depthwise ones), what the
+  bridge did first.
+
+The other lowerings are reached by switching their applicability tests off while the step is traced.
 
 Usage: python benchmarks/bridge_depthwise.py [--smoke] [--rounds N] [--steps N]
 Writes benchmarks/results/bridge_depthwise.json; prints a table last.
@@ -53,7 +59,10 @@ class MobileNetV2Small(nn.Module):
         return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
-def jax_step(bm, use_taps: bool):
+LOWERINGS = ("onednn", "taps", "xla_grouped")
+
+
+def jax_step(bm, lowering: str):
     opt = optax.sgd(0.05, momentum=0.9)
 
     def loss_fn(params, buffers, key, x, y):
@@ -66,17 +75,20 @@ def jax_step(bm, use_taps: bool):
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), buffers, opt_state, loss
 
-    original = bridge_nn._depthwise_by_taps_applies
+    switches = {"onednn": (bridge_nn.kernels, "available"), "taps": (bridge_nn, "_depthwise_by_taps_applies")}
+    off = list(switches.values())[:LOWERINGS.index(lowering)]  # the lowerings tried before this one
     state = {"params": bm.params, "buffers": bm.buffers, "opt": opt.init(bm.params)}
 
     def run(x, y, key):
-        if not use_taps:
-            bridge_nn._depthwise_by_taps_applies = lambda *a: False  # only read while tracing (the first call)
+        originals = [getattr(obj, name) for obj, name in off]
+        for obj, name in off:  # only read while tracing (the first call)
+            setattr(obj, name, lambda *a: False)
         try:
             state["params"], state["buffers"], state["opt"], loss = step(state["params"], state["buffers"],
                                                                          state["opt"], key, x, y)
         finally:
-            bridge_nn._depthwise_by_taps_applies = original
+            for (obj, name), original in zip(off, originals):
+                setattr(obj, name, original)
         return loss
 
     return run
@@ -98,7 +110,7 @@ def main() -> None:
     module = MobileNetV2Small()
     bm = torch_bridge.from_torch(module, (torch.from_numpy(x),), dynamic_batch=True)
     xj, yj = jnp.asarray(x), jnp.asarray(y)
-    sides = {"bridged_taps": jax_step(bm, True), "bridged_xla_grouped": jax_step(bm, False)}
+    sides = {f"bridged_{lowering}": jax_step(bm, lowering) for lowering in LOWERINGS}
     tmodule = MobileNetV2Small().train()
     topt = torch.optim.SGD(tmodule.parameters(), lr=0.05, momentum=0.9)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y).long()
@@ -135,15 +147,17 @@ def main() -> None:
                             torch.get_num_threads(), "optimizer": "SGD momentum 0.9, cross-entropy"},
               "compile_s": compile_s, "ms_per_step": {k: [round(t, 2) for t in v] for k, v in timings.items()},
               "median_ms_per_step": med,
+              "speedup_onednn_over_taps": round(med["bridged_taps"] / med["bridged_onednn"], 2),
               "speedup_taps_over_xla_grouped": round(med["bridged_xla_grouped"] / med["bridged_taps"], 2),
-              "bridged_taps_over_torch_eager_speed": round(med["torch_eager"] / med["bridged_taps"], 2)}
+              "bridged_onednn_over_torch_eager_speed": round(med["torch_eager"] / med["bridged_onednn"], 2)}
     out = results_path("bridge_depthwise", args.smoke, args.out)
     write_json(out, result, indent=1)
     print(f"\n{'side':<24}{'ms/step (median)':>18}{'compile s':>11}")
     for k, v in med.items():
         print(f"{k:<24}{v:>18}{compile_s.get(k, '-'):>11}")
-    print(f"taps vs XLA grouped: {result['speedup_taps_over_xla_grouped']}x; "
-          f"bridged (taps) speed / torch eager: {result['bridged_taps_over_torch_eager_speed']}")
+    print(f"oneDNN vs taps: {result['speedup_onednn_over_taps']}x; taps vs XLA grouped: "
+          f"{result['speedup_taps_over_xla_grouped']}x; bridged (oneDNN) speed / torch eager: "
+          f"{result['bridged_onednn_over_torch_eager_speed']}")
     print(f"results: {out}")
 
 

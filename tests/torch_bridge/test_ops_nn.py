@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_bridge  # noqa: F401  registers the ops
+from torch_bridge.ops import nn as nn_ops
 from torch_bridge.ops.registry import lookup
 from tests.torch_bridge.parity import LAYER_TOL, assert_close_on_scale
 
@@ -69,11 +70,20 @@ def test_convolution(shape, wshape, kw, bias):
     ((2, 3, 9, 8), (6, 1, 3, 2), dict(stride=[2, 1], padding=[0, 1], dilation=[2, 1])),  # multiplier 2, dilated
     ((1, 4, 6, 7), (4, 1, 7, 7), dict(stride=[1, 1], padding=[3, 3], dilation=[1, 1])),
 ])
-def test_depthwise_convolution_values_and_gradients(shape, wshape, kw):
-    """Depthwise convolutions take their own lowering (shifted slices times per-channel taps): values and both
-    gradients against torch autograd at the per-layer tolerance, eagerly and under jit."""
+@pytest.mark.parametrize("impl", ["onednn", "taps"])
+def test_depthwise_convolution_values_and_gradients(shape, wshape, kw, impl, monkeypatch):
+    """Depthwise convolutions run on oneDNN on CPU, else (no kernel library, or float64) as shifted slices times
+    per-channel taps: each path's values and both gradients against torch autograd at the per-layer tolerance,
+    eagerly and under jit."""
     x, w, b = randn(*shape), randn(*wshape, seed=1), randn(wshape[0], seed=2)
-    fn = lookup(A.conv2d.default).fn
+    lowering = lookup(A.conv2d.default).fn
+    if impl == "taps":
+        monkeypatch.setattr(nn_ops.kernels, "available", lambda: False)
+    called = []
+    monkeypatch.setattr(nn_ops, "_depthwise_by_taps", lambda *a, f=nn_ops._depthwise_by_taps: called.append(1) or f(*a))
+
+    def fn(*a):  # a function of its own per path, so jit never reuses the other path's trace
+        return lowering(*a)
     args = (kw["stride"], kw["padding"], kw["dilation"], shape[1])
     xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = A.conv2d.default(xt, wt, b, *args)
@@ -86,6 +96,7 @@ def test_depthwise_convolution_values_and_gradients(shape, wshape, kw):
     # a weight gradient sums over batch and space: held to the per-layer bound on its own scale
     assert_close_on_scale(gx, xt.grad, LAYER_TOL, "dx")
     assert_close_on_scale(gw, wt.grad, LAYER_TOL, "dw")
+    assert bool(called) == (impl == "taps")
 
 
 @pytest.mark.parametrize("padding", ["same", "valid"])

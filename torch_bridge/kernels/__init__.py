@@ -11,9 +11,11 @@ Use: ``nnx.Conv(..., conv_general_dilated=torch_bridge.kernels.conv_general_dila
 imports torch).
 
 What runs on oneDNN: 2-D convolutions, float32, activations NHWC with HWIO kernels (Flax) or NCHW with OIHW
-(torch), any stride, dilation and feature groups, explicit or 'SAME'/'VALID' padding (asymmetric padding is
-padded explicitly first). Everything else (other ranks or dtypes, transposed convolutions via ``lhs_dilation``,
-``batch_group_count``, ``out_sharding``, other layouts, empty arrays) falls through to ``lax.conv_general_dilated`` unchanged.
+(torch; transposed to channels-last around the call, oneDNN's fast layout, and XLA fuses those transposes into the
+neighbouring ops), any stride, dilation and feature groups, explicit or 'SAME'/'VALID' padding (asymmetric
+padding is padded explicitly first). Everything else (other ranks or dtypes, transposed convolutions via
+``lhs_dilation``, ``batch_group_count``, ``out_sharding``, other layouts, empty arrays) falls through to
+``lax.conv_general_dilated`` unchanged.
 
 Differences from ``lax.conv_general_dilated``, on the oneDNN path:
 
@@ -45,8 +47,8 @@ from jax import lax
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 _TARGETS = {"forward": "JcConvForward", "input_grad": "JcConvBackwardInput", "kernel_grad": "JcConvBackwardKernel"}
 # lax's ConvDimensionNumbers specs (as (lhs, rhs, out) index tuples) of the two layouts the kernels take
-_LAYOUTS = {((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)): 0,   # NHWC, HWIO, NHWC
-            ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)): 1}   # NCHW, OIHW, NCHW
+_LAYOUTS = {((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)): "NHWC",   # with HWIO kernels
+            ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)): "NCHW"}   # with OIHW kernels
 
 
 class KernelBuildError(RuntimeError):
@@ -111,12 +113,27 @@ def _register() -> None:
                                     platform="cpu")
 
 
+@functools.cache
+def available() -> bool:
+    """Whether the oneDNN kernels can run here: JAX's default backend is the CPU and the library is built and
+    registered. Warns once, with the reason, when the build fails."""
+    if jax.default_backend() != "cpu":
+        return False
+    try:
+        _register()
+    except (KernelBuildError, OSError) as e:
+        import warnings
+        warnings.warn(f"oneDNN convolutions unavailable, XLA's are used instead: {e}", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
 def _call(name: str, like, *args, geometry: tuple):
-    stride, padding, dilation, groups, layout = geometry
+    stride, padding, dilation, groups = geometry
     return jax.ffi.ffi_call(f"jaxcomposer_onednn_conv_{name}", jax.ShapeDtypeStruct(like.shape, like.dtype),
                             vmap_method="sequential")(
         *args, stride=np.asarray(stride, np.int64), padding=np.asarray(padding, np.int64),
-        dilation=np.asarray(dilation, np.int64), groups=np.int64(groups), layout=np.int64(layout))
+        dilation=np.asarray(dilation, np.int64), groups=np.int64(groups))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -139,7 +156,8 @@ _onednn_conv.defvjp(_onednn_conv_fwd, _onednn_conv_bwd)
 
 def _plan(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
           batch_group_count, preferred_element_type):
-    """``(explicit extra padding, geometry)`` when oneDNN can run this convolution, else None."""
+    """``(extra explicit padding, geometry, dimension numbers, layout)`` when oneDNN can run this convolution,
+    else None. The geometry ``(strides, symmetric padding, dilation, groups)`` is the custom calls' attributes."""
     if lhs.ndim != 4 or rhs.ndim != 4 or lhs.dtype != np.float32 or rhs.dtype != np.float32:
         return None
     if preferred_element_type not in (None, np.float32) or batch_group_count != 1:
@@ -163,8 +181,8 @@ def _plan(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimensi
         return None
     symmetric = tuple(min(lo, hi) for lo, hi in padding)
     extra = [(lo - s, hi - s) for (lo, hi), s in zip(padding, symmetric)]
-    geometry = (tuple(int(s) for s in window_strides), symmetric, dilation, int(feature_group_count), layout)
-    return extra, geometry, dn
+    geometry = (tuple(int(s) for s in window_strides), symmetric, dilation, int(feature_group_count))
+    return extra, geometry, dn, layout
 
 
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
@@ -180,7 +198,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
                  feature_group_count, batch_group_count, preferred_element_type)
     if plan is None or out_sharding is not None or jax.default_backend() != "cpu":
         return fallback(lhs, rhs)
-    extra, geometry, dn = plan
+    extra, geometry, dn, layout = plan
     out_shape = jax.eval_shape(fallback, lhs, rhs).shape
     _register()
 
@@ -190,6 +208,10 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
             for axis, pair in zip(dn.lhs_spec[2:], extra):
                 pads[axis] = pair
             lhs = jax.numpy.pad(lhs, pads)
+        if layout == "NCHW":  # oneDNN's fast layout is channels-last; XLA fuses these transposes into neighbours
+            n, c, h, w = out_shape
+            y = _onednn_conv(lhs.transpose(0, 2, 3, 1), rhs.transpose(2, 3, 1, 0), (n, h, w, c), geometry)
+            return y.transpose(0, 3, 1, 2)
         return _onednn_conv(lhs, rhs, out_shape, geometry)
 
     return lax.platform_dependent(lhs, rhs, cpu=onednn, default=fallback)

@@ -4,9 +4,10 @@
 // transpose of every activation. These handlers wrap XLA's buffers as strided ATen tensors (no copy in), let
 // at::convolution / at::convolution_backward pick oneDNN, and copy the result into XLA's output buffer.
 //
-// Layouts (attribute "layout"): 0 = activations NHWC, kernel HWIO (Flax); 1 = NCHW / OIHW (torch). Either way the
-// ATen view is logically NCHW / OIHW with the matching strides, so NHWC activations are channels-last tensors and
-// oneDNN runs on them in place. Bias is left to the caller (an XLA add fuses into what follows).
+// Layout: activations NHWC, kernels HWIO (Flax's; the caller transposes torch's NCHW / OIHW, which XLA fuses into
+// the neighbouring ops). The ATen views are logically NCHW / OIHW with channels-last strides, which is oneDNN's
+// fast layout: with plain NCHW it reorders every activation in and out of its blocked format on every call.
+// Bias is left to the caller (an XLA add fuses into what follows).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,39 +23,29 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using F32 = ffi::Buffer<ffi::F32>;
-using F32Out = ffi::ResultBuffer<ffi::F32>;
+using F32 = ffi::Buffer<ffi::F32, 4>;  // XLA checks the rank when it decodes the call
+using F32Out = ffi::ResultBuffer<ffi::F32, 4>;
 using Ints = ffi::Span<const int64_t>;
 
 struct Geometry {
   std::vector<int64_t> stride, padding, dilation;
   int64_t groups;
-  int64_t layout;
 };
 
-// An activation buffer (NHWC or NCHW in memory) as a logically NCHW tensor.
-at::Tensor Activation(float* data, ffi::Span<const int64_t> d, int64_t layout) {
-  auto opts = at::TensorOptions().dtype(at::kFloat);
-  if (layout == 0) {  // memory N, H, W, C
-    int64_t n = d[0], h = d[1], w = d[2], c = d[3];
-    return at::from_blob(data, {n, c, h, w}, {h * w * c, 1, w * c, c}, opts);
-  }
-  return at::from_blob(data, {d[0], d[1], d[2], d[3]}, opts);
+// An NHWC activation buffer as a logically NCHW (channels-last) tensor.
+at::Tensor Activation(float* data, ffi::Span<const int64_t> d) {
+  int64_t n = d[0], h = d[1], w = d[2], c = d[3];
+  return at::from_blob(data, {n, c, h, w}, {h * w * c, 1, w * c, c}, at::TensorOptions().dtype(at::kFloat));
 }
 
-// A kernel buffer (HWIO or OIHW in memory) as a logically OIHW tensor.
-at::Tensor Kernel(float* data, ffi::Span<const int64_t> d, int64_t layout) {
-  auto opts = at::TensorOptions().dtype(at::kFloat);
-  if (layout == 0) {  // memory KH, KW, I, O
-    int64_t kh = d[0], kw = d[1], i = d[2], o = d[3];
-    return at::from_blob(data, {o, i, kh, kw}, {1, o, kw * i * o, i * o}, opts);
-  }
-  return at::from_blob(data, {d[0], d[1], d[2], d[3]}, opts);
+// An HWIO kernel buffer as a logically OIHW tensor.
+at::Tensor Kernel(float* data, ffi::Span<const int64_t> d) {
+  int64_t kh = d[0], kw = d[1], i = d[2], o = d[3];
+  return at::from_blob(data, {o, i, kh, kw}, {1, o, kw * i * o, i * o}, at::TensorOptions().dtype(at::kFloat));
 }
 
 std::optional<ffi::Error> Check(const Geometry& g) {
-  if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1 ||
-      (g.layout != 0 && g.layout != 1)) {
+  if (g.stride.size() != 2 || g.padding.size() != 2 || g.dilation.size() != 2 || g.groups < 1) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "onednn_conv: bad geometry attributes");
   }
   return std::nullopt;
@@ -70,46 +61,43 @@ ffi::Error Guarded(Fn fn) {
   return ffi::Error::Success();
 }
 
-Geometry MakeGeometry(Ints stride, Ints padding, Ints dilation, int64_t groups, int64_t layout) {
+Geometry MakeGeometry(Ints stride, Ints padding, Ints dilation, int64_t groups) {
   return Geometry{{stride.begin(), stride.end()}, {padding.begin(), padding.end()},
-                  {dilation.begin(), dilation.end()}, groups, layout};
+                  {dilation.begin(), dilation.end()}, groups};
 }
 
-ffi::Error Forward(F32 x, F32 w, F32Out y, Ints stride, Ints padding, Ints dilation, int64_t groups,
-                   int64_t layout) {
-  Geometry g = MakeGeometry(stride, padding, dilation, groups, layout);
+ffi::Error Forward(F32 x, F32 w, F32Out y, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+  Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
   return Guarded([&] {
-    at::Tensor r = at::convolution(Activation(x.typed_data(), x.dimensions(), layout),
-                                   Kernel(w.typed_data(), w.dimensions(), layout), std::nullopt, g.stride,
+    at::Tensor r = at::convolution(Activation(x.typed_data(), x.dimensions()),
+                                   Kernel(w.typed_data(), w.dimensions()), std::nullopt, g.stride,
                                    g.padding, g.dilation, false, {0, 0}, groups);
-    Activation(y->typed_data(), y->dimensions(), layout).copy_(r);
+    Activation(y->typed_data(), y->dimensions()).copy_(r);
   });
 }
 
 // d(loss)/d(input): needs the kernel and the output cotangent (the input buffer only gives the shape).
-ffi::Error BackwardInput(F32 w, F32 dy, F32Out dx, Ints stride, Ints padding, Ints dilation, int64_t groups,
-                         int64_t layout) {
-  Geometry g = MakeGeometry(stride, padding, dilation, groups, layout);
+ffi::Error BackwardInput(F32 w, F32 dy, F32Out dx, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+  Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
   return Guarded([&] {
-    at::Tensor dx_view = Activation(dx->typed_data(), dx->dimensions(), layout);
-    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions(), layout), dx_view,
-                                          Kernel(w.typed_data(), w.dimensions(), layout), std::nullopt, g.stride,
+    at::Tensor dx_view = Activation(dx->typed_data(), dx->dimensions());
+    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions()), dx_view,
+                                          Kernel(w.typed_data(), w.dimensions()), std::nullopt, g.stride,
                                           g.padding, g.dilation, false, {0, 0}, groups, {true, false, false});
     dx_view.copy_(std::get<0>(grads));
   });
 }
 
 // d(loss)/d(kernel): needs the input and the output cotangent.
-ffi::Error BackwardKernel(F32 x, F32 dy, F32Out dw, Ints stride, Ints padding, Ints dilation, int64_t groups,
-                          int64_t layout) {
-  Geometry g = MakeGeometry(stride, padding, dilation, groups, layout);
+ffi::Error BackwardKernel(F32 x, F32 dy, F32Out dw, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+  Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
   return Guarded([&] {
-    at::Tensor dw_view = Kernel(dw->typed_data(), dw->dimensions(), layout);
-    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions(), layout),
-                                          Activation(x.typed_data(), x.dimensions(), layout), dw_view,
+    at::Tensor dw_view = Kernel(dw->typed_data(), dw->dimensions());
+    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions()),
+                                          Activation(x.typed_data(), x.dimensions()), dw_view,
                                           std::nullopt, g.stride, g.padding, g.dilation, false, {0, 0}, groups,
                                           {false, true, false});
     dw_view.copy_(std::get<1>(grads));
@@ -119,8 +107,7 @@ ffi::Error BackwardKernel(F32 x, F32 dy, F32Out dw, Ints stride, Ints padding, I
 }  // namespace
 
 #define JC_CONV_ATTRS                                                                   \
-  .Attr<Ints>("stride").Attr<Ints>("padding").Attr<Ints>("dilation").Attr<int64_t>("groups") \
-      .Attr<int64_t>("layout")
+  .Attr<Ints>("stride").Attr<Ints>("padding").Attr<Ints>("dilation").Attr<int64_t>("groups")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvForward, Forward,
                               ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);

@@ -17,6 +17,7 @@ from jax import lax
 
 import torch
 
+from .. import kernels
 from .registry import lower, to_jnp_dtype
 
 A = torch.ops.aten
@@ -77,7 +78,11 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
             pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
         else:
             pads = [(p, p) for p in _tuple(padding, nd)]
-        if _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
+        if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and kernels.available():
+            # oneDNN on CPU (torch's own kernels; ~2x XLA:CPU's), lax on other platforms
+            y = kernels.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                             feature_group_count=groups)
+        elif _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
             y = _depthwise_by_taps(x, w, stride, pads, dilation)
         else:
             y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
