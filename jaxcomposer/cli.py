@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from jaxcomposer.options import CONFIG_COMPONENTS, DATA_OPTIONS, RUN_OPTIONS, Option
+from jaxcomposer.options import CONFIG_COMPONENTS, DATA_OPTIONS, PROCESS_OPTIONS, RUN_OPTIONS, Option
 
 
 def _add_option_flags(group: argparse._ArgumentGroup, options: tuple[Option, ...], prefix: str = "") -> None:
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_fit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override any config value by its dotted path, e.g. --set optimizer.lr=0.05 "
                             "(repeatable; values are YAML)")
-    _add_option_flags(p_fit.add_argument_group("run options"), RUN_OPTIONS)
+    _add_option_flags(p_fit.add_argument_group("run options"), RUN_OPTIONS + PROCESS_OPTIONS)
     _add_option_flags(p_fit.add_argument_group("components (YAML; --set reaches inside them)"), CONFIG_COMPONENTS)
     _add_option_flags(p_fit.add_argument_group("data"), DATA_OPTIONS, prefix="data.")
     p_methods = sub.add_parser("methods", help="list every speedup method, or print one method's card")

@@ -197,7 +197,15 @@ CONFIG_COMPONENTS: tuple[Option, ...] = (
            "more logger destinations, beside the run directory's: {mlflow: {<MLFlowLogger arguments>}, wandb: {...}}"),
 )
 
-Config = _model("Config", RUN_OPTIONS + CONFIG_COMPONENTS,
+# Options of the process ``jaxcomposer fit`` runs in, not of the Trainer (whose users set JAX's config themselves)
+PROCESS_OPTIONS: tuple[Option, ...] = (
+    Option("compilation_cache_dir", str | None, "~/.cache/jaxcomposer/xla",
+           "JAX's persistent compilation cache: a rerun of the same steps loads them instead of compiling "
+           "(quickstart: 35 -> 17 s from command to result); null turns it off. An already configured cache "
+           "(JAX_COMPILATION_CACHE_DIR, jax.config) is left alone"),
+)
+
+Config = _model("Config", RUN_OPTIONS + PROCESS_OPTIONS + CONFIG_COMPONENTS,
                 "A whole run, as ``jaxcomposer fit`` reads it. Field names follow Composer's Trainer arguments; "
                 "each field's description is its documentation (``jaxcomposer fit --help`` lists them).")
 _TrainerArgs = _model("TrainerArgs", RUN_OPTIONS, "The Trainer's plain-valued arguments, validated together.")

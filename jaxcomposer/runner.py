@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import jax
 import yaml
 from flax import nnx
 
@@ -17,6 +18,7 @@ from jaxcomposer.data.datasets import (DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_ME
                                        normalize_images)
 from jaxcomposer.models import GPT, MLP, ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
 from jaxcomposer.trainer.trainer import Trainer
 
@@ -72,6 +74,22 @@ def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def use_compilation_cache(path: str | None) -> str | None:
+    """Point JAX's persistent compilation cache at ``path`` (``~`` expanded) unless one is configured already
+    (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or ``path`` is None; returns the directory in use, if any."""
+    configured = jax.config.jax_compilation_cache_dir
+    if configured or path is None:
+        return configured or None
+    directory = Path(path).expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigurationError(f"compilation_cache_dir: cannot create {str(directory)!r} ({e.strerror}); point it "
+                                 f"at a writable directory or set it to null to compile every run afresh") from None
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    return str(directory)
+
+
 def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """Train from a YAML path, a mapping or a :class:`jaxcomposer.Config`; ``overrides`` are ``a.b=value`` strings.
 
@@ -80,6 +98,7 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     TensorBoard events and ``config.yaml``.
     """
     cfg = config_lib.load_config(config, overrides)
+    use_compilation_cache(cfg.compilation_cache_dir)
     run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
     parent = Path(cfg.run_dir).absolute()
     # a relaunch with autoresume continues the same run: its metrics append to the same directory

@@ -124,3 +124,36 @@ def test_fit_saves_and_autoresumes_from_config(tmp_path):
     assert any(resumed.items() <= h.items() for h in hparams)
     with pytest.raises(ConfigError, match="save_interval"):
         load_config({**base, "save_interval": "2epochs"})
+
+
+def test_fit_turns_on_the_compilation_cache_where_none_is_configured(tmp_path):
+    # a fresh process: in this one the test suite's own cache is configured (tests/conftest.py)
+    import os
+    cache = tmp_path / "xla"
+    code = ("import jax, jax.numpy as jnp; from jaxcomposer.runner import use_compilation_cache as use; "
+            "jnp.ones(2).sum().block_until_ready(); "  # a compile first: the cache must still switch on after it
+            f"print(use({str(cache)!r})); print(jax.config.jax_compilation_cache_dir); "
+            "jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(4)).block_until_ready()")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(cache), str(cache)]
+    assert any("jit__lambda" in p.name for p in cache.iterdir()), sorted(p.name for p in cache.iterdir())
+
+
+def test_a_configured_compilation_cache_is_left_alone_and_a_bad_directory_is_named(tmp_path):
+    import jax
+    from jaxcomposer.errors import ConfigurationError
+    from jaxcomposer.runner import use_compilation_cache
+    configured = jax.config.jax_compilation_cache_dir
+    assert configured  # tests/conftest.py
+    assert use_compilation_cache(str(tmp_path / "other")) == configured and not (tmp_path / "other").exists()
+    assert use_compilation_cache(None) == configured
+    (tmp_path / "file").write_text("")
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        with pytest.raises(ConfigurationError, match=r"compilation_cache_dir: cannot create .*file/xla.*null"):
+            use_compilation_cache(str(tmp_path / "file" / "xla"))
+        assert use_compilation_cache(None) is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", configured)

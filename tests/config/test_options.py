@@ -6,7 +6,8 @@ import pytest
 from jaxcomposer import Trainer, load_config
 from jaxcomposer.cli import build_parser, main
 from jaxcomposer.errors import ConfigError, ConfigurationError
-from jaxcomposer.options import CONFIG_COMPONENTS, DATA_OPTIONS, RUN_OPTIONS, TRAINER_OPTIONS, Config, DataConfig
+from jaxcomposer.options import (CONFIG_COMPONENTS, DATA_OPTIONS, PROCESS_OPTIONS, RUN_OPTIONS, TRAINER_OPTIONS,
+                                 Config, DataConfig)
 from tests.config.test_config import TINY
 from tests.trainer.helpers import loaders, mlp_task
 
@@ -22,10 +23,10 @@ def test_trainer_signature_is_the_table():
 
 
 def test_config_schema_is_the_table():
-    assert list(Config.model_fields) == [o.name for o in RUN_OPTIONS + CONFIG_COMPONENTS]
+    assert list(Config.model_fields) == [o.name for o in RUN_OPTIONS + PROCESS_OPTIONS + CONFIG_COMPONENTS]
     assert list(DataConfig.model_fields) == [o.name for o in DATA_OPTIONS]
     defaults = Config().model_dump()
-    for o in RUN_OPTIONS:
+    for o in RUN_OPTIONS + PROCESS_OPTIONS:
         assert defaults[o.name] == (list(o.default_in_config) if isinstance(o.default_in_config, tuple)
                                     else o.default_in_config), o.name
         assert Config.model_fields[o.name].description == o.doc
@@ -33,7 +34,7 @@ def test_config_schema_is_the_table():
 
 def test_fit_help_lists_every_option_with_its_doc():
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["fit"].format_help().split())
-    for o in RUN_OPTIONS + CONFIG_COMPONENTS:
+    for o in RUN_OPTIONS + PROCESS_OPTIONS + CONFIG_COMPONENTS:
         assert f"--{o.name}" in help_text and " ".join(o.doc.split())[:40] in help_text, o.name
     for o in DATA_OPTIONS:
         assert f"--data.{o.name}" in help_text
