@@ -64,13 +64,18 @@ def test_convolution(shape, wshape, kw, bias):
               kw["groups"]), ref)
 
 
-@pytest.mark.parametrize("shape,wshape,kw", [
+_DEPTHWISE = [
     ((3, 5, 9, 9), (5, 1, 3, 3), dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1])),  # MobileNet's 3x3
     ((2, 4, 11, 10), (4, 1, 5, 5), dict(stride=[2, 2], padding=[2, 2], dilation=[1, 1])),  # EfficientNet's 5x5/2
     ((2, 3, 9, 8), (6, 1, 3, 2), dict(stride=[2, 1], padding=[0, 1], dilation=[2, 1])),  # multiplier 2, dilated
     ((1, 4, 6, 7), (4, 1, 7, 7), dict(stride=[1, 1], padding=[3, 3], dilation=[1, 1])),
-])
-@pytest.mark.parametrize("impl", ["onednn", "taps"])
+]
+
+
+# the taps lowering on the two geometries that exercise all of it (strides, multiplier, dilation; each compile of
+# its unrolled taps with gradients costs 6-8 s)
+@pytest.mark.parametrize("shape,wshape,kw,impl", [(*c, "onednn") for c in _DEPTHWISE] +
+                         [(*c, "taps") for c in _DEPTHWISE[1:3]])
 def test_depthwise_convolution_values_and_gradients(shape, wshape, kw, impl, monkeypatch):
     """Depthwise convolutions run on oneDNN on CPU, else (no kernel library, or float64) as shifted slices times
     per-channel taps: each path's values and both gradients against torch autograd at the per-layer tolerance,
