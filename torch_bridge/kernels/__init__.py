@@ -46,7 +46,7 @@ from jax import lax
 
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 _TARGETS = {"forward": "JcConvForward", "input_grad": "JcConvBackwardInput", "kernel_grad": "JcConvBackwardKernel"}
-# lax's ConvDimensionNumbers specs (as (lhs, rhs, out) index tuples) of the two layouts the kernels take
+# lax's ConvDimensionNumbers specs (as (lhs, rhs, out) index tuples) of the two layouts routed to the kernels
 _LAYOUTS = {((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)): "NHWC",   # with HWIO kernels
             ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)): "NCHW"}   # with OIHW kernels
 
