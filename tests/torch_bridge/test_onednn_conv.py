@@ -182,3 +182,12 @@ def test_build_is_cached_by_source_and_versions():
     assert path.exists() and path == kernels.library_path()
     mtime = path.stat().st_mtime_ns
     assert kernels.build() == path and path.stat().st_mtime_ns == mtime  # no rebuild
+
+
+def test_cache_falls_back_to_the_temporary_directory_when_home_is_read_only(tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")  # a file where the cache root should be: mkdir below it fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.setattr(kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
+    assert kernels.cache_dir() == tmp_path / "tmp" / "jaxcomposer-kernels"
+    assert kernels.cache_dir().is_dir()

@@ -27,7 +27,8 @@ Differences from ``lax.conv_general_dilated``, on the oneDNN path:
 
 The shared library is compiled from ``onednn_conv.cc`` against the installed torch and jaxlib headers the first
 time it is needed (about 15 s with g++; ``make install`` does it ahead) and cached under
-``$XDG_CACHE_HOME/jaxcomposer/kernels`` (default ``~/.cache``), keyed by the source and both versions.
+``$XDG_CACHE_HOME/jaxcomposer/kernels`` (default ``~/.cache``; the temporary directory when that is read-only),
+keyed by the source and both versions.
 """
 from __future__ import annotations
 
@@ -56,8 +57,18 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/jaxcomposer/kernels`` (default ``~/.cache``), or a temporary directory's when that cannot be
+    written (a read-only home)."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "jaxcomposer" / "kernels"
+    for directory in (Path(root) / "jaxcomposer" / "kernels", Path(tempfile.gettempdir()) / "jaxcomposer-kernels"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(directory, os.W_OK):
+            return directory
+    raise KernelBuildError(f"no writable directory for the oneDNN kernel library (tried {root} and "
+                           f"{tempfile.gettempdir()}); set XDG_CACHE_HOME to a writable directory")
 
 
 def _build_key() -> str:
@@ -85,7 +96,6 @@ def build(force: bool = False) -> Path:
         raise KernelBuildError("conv_impl='onednn' needs a C++ compiler to build its kernel once, and none was found "
                                "(looked for $CXX, g++, c++); install one (Debian: apt-get install g++) or use "
                                "conv_impl='xla'.")
-    target.parent.mkdir(parents=True, exist_ok=True)
     torch_lib = cpp.library_paths()[0]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     # Compile to a private name, then rename: concurrent builders (test workers) never see a partial library.
