@@ -15,14 +15,20 @@ Both sides read ``configs/quickstart.yaml`` and train the same thing:
 - EMA of params and float buffers: ``smoothing = 2 ** (-update_interval / half_life)`` per batch, the average
   (re)started from the weights after the first step (jaxcomposer's ``ema_start='0.0dur'``); eval uses EMA weights.
 
-Wall times count from the start of training (jaxcomposer: ``trainer.fit()`` start, so compile is included; the
-first step, i.e. mostly the compile, is also reported alone). The jaxcomposer side uses the config's persistent
+The sides run interleaved by epoch (torch's epoch 1, jaxcomposer's epoch 1, jaxcomposer's epoch 2, torch's epoch
+2, ...: who goes first alternates), so a machine whose speed drifts slows both alike; ``--seeds`` repeats the
+comparison and reports medians. Torch runs in a child process (this script with ``--torch-worker``), so while one
+side trains the other process sleeps on a pipe and neither runtime's threads compete with the other's (in one
+process torch's epochs after a JAX epoch ran up to 4x slower). Each side's wall time counts its own epochs only, from the start of
+its training (jaxcomposer: ``trainer.fit()``, so compile is included; the first step, i.e. mostly the compile, is
+also reported alone). The jaxcomposer side pauses after each evaluation and continues the same plan and compiled
+steps. The jaxcomposer side uses the config's persistent
 compilation cache as ``jaxcomposer fit`` does, so a second run of the benchmark loads the compiled steps: its first
 step is then the warm figure (``first_step_s``; the cold one is a first run's). Images/s counts training steps only (eval excluded;
 jaxcomposer's epochs are closed with ``block_until_ready`` so async dispatch does not hide work in the eval).
 
-Run:  .venv/bin/python benchmarks/torch_vs_jaxcomposer.py [--epochs N] [--only torch|jax]
-      .venv/bin/python benchmarks/torch_vs_jaxcomposer.py --smoke     (5 batches, 1 epoch, 1 eval batch)
+Run:  .venv/bin/python benchmarks/torch_vs_jaxcomposer.py [--epochs N] [--only torch|jax] [--seeds 17 18 19]
+      .venv/bin/python benchmarks/torch_vs_jaxcomposer.py --smoke     (2 epochs of 5 batches, 1 eval batch)
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ def machine_facts() -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the shared setup
-def load_setup(config: str, epochs: int | None, smoke: bool) -> dict:
+def load_setup(config: str, epochs: int | None, smoke: bool, seed: int | None = None) -> dict:
     from jaxcomposer import config as config_lib
     from jaxcomposer.data import make_loaders
 
@@ -56,7 +62,9 @@ def load_setup(config: str, epochs: int | None, smoke: bool) -> dict:
     if epochs is not None:
         overrides.append(f"max_duration={epochs}ep")
     if smoke:
-        overrides += ["max_duration=1ep", "train_subset_num_batches=5", "eval_subset_num_batches=1"]
+        overrides += ["max_duration=2ep", "train_subset_num_batches=5", "eval_subset_num_batches=1"]
+    if seed is not None:
+        overrides.append(f"seed={seed}")
     cfg = config_lib.load_config(config, overrides)
     md = str(cfg.max_duration)
     if not md.endswith("ep"):
@@ -89,7 +97,11 @@ def load_setup(config: str, epochs: int | None, smoke: bool) -> dict:
             raise SystemExit("the torch EMA mirrors update_interval '1ba' only")
         ema = {"half_life_batches": int(half[:-2]), "update_interval_batches": 1,
                "smoothing": 2.0 ** (-1.0 / int(half[:-2])) if int(half[:-2]) else 0.0}
+    # the jaxcomposer side gets loaders of its own (same seed, so the same batches): the sides run interleaved
+    jax_train, jax_evals, _ = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed,
+                                           data_dir=d.data_dir)
     return {"cfg": cfg, "overrides": overrides, "epochs": n_epochs, "train": train, "evals": evals, "info": info,
+            "jax_train": jax_train, "jax_evals": jax_evals,
             "steps_per_epoch": spe, "total_steps": total, "alphas": alphas, "optimizer": opt,
             "label_smoothing": float(algos.get("label_smoothing", {}).get("smoothing", 0.1))
             if "label_smoothing" in algos else 0.0, "ema": ema}
@@ -178,7 +190,8 @@ def build_torch_model(model_kwargs: dict, in_channels: int, num_classes: int):
     return ResNetCIFAR(**{"num_classes": num_classes, "in_channels": in_channels, **model_kwargs})
 
 
-def run_torch(s: dict) -> dict:
+def run_torch(s: dict):
+    """Yields each epoch's record (own wall time, accuracy); returns the side's summary."""
     import torch
     import torch.nn.functional as F
     from jaxcomposer.data.datasets import normalize_images
@@ -224,9 +237,9 @@ def run_torch(s: dict) -> dict:
 
     train, spe, alphas = s["train"], s["steps_per_epoch"], s["alphas"]
     rewind(s)
-    history, step, train_time, first_step_s, images = [], 0, 0.0, None, 0
-    t_start = time.perf_counter()
+    history, step, train_time, first_step_s, images, own_s = [], 0, 0.0, None, 0, 0.0
     for epoch in range(s["epochs"]):
+        t_resume = time.perf_counter()
         model.train()
         train.set_epoch(epoch)
         t_ep = time.perf_counter()
@@ -259,8 +272,9 @@ def run_torch(s: dict) -> dict:
                 first_step_s = time.perf_counter() - t_ep
         train_time += time.perf_counter() - t_ep
         acc = evaluate(ema_model if ema_model is not None else model)
-        history.append({"epoch": epoch + 1, "accuracy": acc, "wall_s": time.perf_counter() - t_start,
-                        "train_s_cumulative": train_time})
+        own_s += time.perf_counter() - t_resume
+        history.append({"epoch": epoch + 1, "accuracy": acc, "wall_s": own_s, "train_s_cumulative": train_time})
+        yield history[-1]
     out = summarize("torch", history, images, train_time, first_step_s, s)
     out["num_params"] = n_params
     return out
@@ -268,7 +282,8 @@ def run_torch(s: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # jaxcomposer
-def run_jax(s: dict) -> dict:
+def run_jax(s: dict):
+    """Yields each epoch's record (own wall time from fit's start, accuracy); returns the side's summary."""
     import jax
     from jaxcomposer import Trainer
     from jaxcomposer import config as config_lib
@@ -279,17 +294,19 @@ def run_jax(s: dict) -> dict:
     # as `jaxcomposer fit` runs: with the config's persistent compilation cache (a rerun loads the compiled steps)
     cache_dir = runner_module().use_compilation_cache(cfg.compilation_cache_dir)
     norm = normalization(info)
-    rewind(s)  # the torch side may have moved the shared loaders' positions
-    train, evals = s["train"], s["evals"]
+    train, evals = s["jax_train"], s["jax_evals"]
     if norm:
         train, evals = NormalizedLoader(train, *norm), NormalizedLoader(evals, *norm)
 
     class Recorder(Callback):
+        """Times the run; stops ``fit`` after each epoch's evaluation, so the other side's epoch can run between
+        (the next ``fit()`` continues the same plan and compiled steps)."""
+
         def __init__(self):
-            self.history, self.train_time, self.first_step_s, self.images = [], 0.0, None, 0
+            self.history, self.train_time, self.first_step_s, self.images, self.own_s = [], 0.0, None, 0, 0.0
 
         def fit_start(self, state, logger):
-            self.t_start = time.perf_counter()
+            self.t_resume = time.perf_counter()
 
         def epoch_start(self, state, logger):
             self.t_ep = time.perf_counter()
@@ -305,10 +322,11 @@ def run_jax(s: dict) -> dict:
             self.train_time += time.perf_counter() - self.t_ep
 
         def eval_end(self, state, logger):
+            self.own_s += time.perf_counter() - self.t_resume
             self.history.append({"epoch": int(state.timestamp.epoch),
                                  "accuracy": float(state.eval_metrics["eval"]["MulticlassAccuracy"]),
-                                 "wall_s": time.perf_counter() - self.t_start,
-                                 "train_s_cumulative": self.train_time})
+                                 "wall_s": self.own_s, "train_s_cumulative": self.train_time})
+            state.stop_training("benchmark: the other side's epoch runs next")
 
     # Built the way jaxcomposer.fit builds it (same helpers), plus the recorder; no run_dir, no loggers.
     rec = Recorder()
@@ -326,7 +344,12 @@ def run_jax(s: dict) -> dict:
     build_s = time.perf_counter() - t_build
     if trainer.total_steps != s["total_steps"]:
         raise SystemExit(f"schedule length mismatch: trainer {trainer.total_steps}, torch side {s['total_steps']}")
-    trainer.fit()
+    for epoch in range(s["epochs"]):
+        trainer.fit()
+        if len(rec.history) != epoch + 1:
+            raise SystemExit(f"jaxcomposer side: expected one evaluation per epoch, got {len(rec.history)} after "
+                             f"epoch {epoch + 1}")
+        yield rec.history[-1]
     out = summarize("jaxcomposer", rec.history, rec.images, rec.train_time, rec.first_step_s, s)
     out["trainer_build_s"] = round(build_s, 3)
     out["compilation_cache_dir"] = cache_dir
@@ -352,49 +375,73 @@ def summarize(name, history, images, train_time, first_step_s, s) -> dict:
             f"epoch_to_{int(TARGET_ACC * 100)}pct": hit["epoch"] if hit else None}
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+def torch_in_subprocess(args, seed):
+    """The torch side in a child process (this script with ``--torch-worker``), one epoch per request: while
+    one side trains, the other process sleeps on a pipe, so neither runtime's threads compete with the other's."""
+    import json
+    import subprocess
+    cmd = [sys.executable, __file__, "--torch-worker", "--config", args.config,
+           "--torch-memory-format", args.torch_memory_format]
+    cmd += (["--epochs", str(args.epochs)] if args.epochs is not None else []) + (["--smoke"] if args.smoke else [])
+    cmd += ["--seeds", str(seed)] if seed is not None else []
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        while True:
+            child.stdin.write("next\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+            if not line:
+                raise SystemExit(f"the torch worker ended early (exit code {child.wait()})")
+            reply = json.loads(line)
+            if "summary" in reply:
+                return reply["summary"]
+            yield reply["epoch"]
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
-    ap.add_argument("--epochs", type=int, default=None, help="default: the config's max_duration")
-    ap.add_argument("--only", choices=["torch", "jax"], default=None)
-    ap.add_argument("--torch-memory-format", choices=["channels_last", "contiguous"], default="channels_last")
-    ap.add_argument("--smoke", action="store_true", help="1 epoch of 5 batches, 1 eval batch: checks the script")
-    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
-    args = ap.parse_args(argv)
-    args.out = results_path(NAME, args.smoke, args.out)
-
-    s = load_setup(args.config, args.epochs, args.smoke)
+def torch_worker(args) -> int:
+    """``--torch-worker``: answer each line on stdin with the next epoch's record (a JSON line), then the summary."""
+    import json
+    s = load_setup(args.config, args.epochs, args.smoke, args.seeds[0] if args.seeds else None)
     s["torch_memory_format"] = args.torch_memory_format
-    sides = {}
-    if args.only in (None, "torch"):
-        sides["torch"] = run_torch(s)
-    if args.only in (None, "jax"):
-        sides["jaxcomposer"] = run_jax(s)
+    epochs = run_torch(s)
+    for _ in sys.stdin:
+        try:
+            reply = {"epoch": next(epochs)}
+        except StopIteration as done:
+            reply = {"summary": done.value}
+        print(json.dumps(reply), flush=True)
+        if "summary" in reply:
+            return 0
+    return 0
 
-    cfg = s["cfg"]
+
+def interleaved(sides: dict) -> dict:
+    """Run the sides' epoch generators in turns, the first side alternating by epoch; each side's summary."""
+    results, live, turn = {}, dict(sides), 0
+    while live:
+        for name in (list(live) if turn % 2 == 0 else list(reversed(live))):
+            try:
+                next(live[name])
+            except StopIteration as done:
+                results[name] = done.value
+                del live[name]
+        turn += 1
+    return results
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return round(float(np.median(values)), 4) if values else None
+
+
+def print_run(run: dict, s: dict, smoke: bool) -> None:
+    sides, names = run["sides"], list(run["sides"])
     key = f"time_to_{int(TARGET_ACC * 100)}pct_s"
-    out = {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
-           "setup": {"config": os.path.relpath(args.config, ROOT), "overrides": s["overrides"],
-                     "data": s["info"].name, "data_fallback": s["info"].fallback_note,
-                     "model": cfg.model, "batch_size": cfg.data.batch_size, "eval_batch_size": cfg.data.eval_batch_size,
-                     "epochs": s["epochs"], "steps_per_epoch": s["steps_per_epoch"], "total_steps": s["total_steps"],
-                     "optimizer": cfg.optimizer, "schedulers": cfg.schedulers, "label_smoothing": s["label_smoothing"],
-                     "ema": s["ema"], "eval": "after every epoch, with EMA weights on both sides",
-                     "torch": f"torch.set_num_threads(2), NCHW tensors, memory format {args.torch_memory_format}, "
-                              "eager (no torch.compile)",
-                     "jax": "Trainer on the default device(s), fp32, progress bar and loggers off",
-                     "known_differences": ["BN running variance: torch keeps the unbiased batch variance, flax the "
-                                           "biased one", "weight init draws differ (same distributions)"]},
-           "target_accuracy": TARGET_ACC, "sides": sides}
-    write_json(args.out, out)
-
-    names = list(sides)
-    print(f"\n{NAME}: {s['info'].name}, {s['epochs']} epoch(s) x {s['steps_per_epoch']} steps, batch "
-          f"{cfg.data.batch_size}{'  [SMOKE]' if args.smoke else ''}")
+    print(f"\n{NAME}: {s['info'].name}, seed {run['seed']}, {s['epochs']} epoch(s) x {s['steps_per_epoch']} steps, "
+          f"batch {s['cfg'].data.batch_size}{'  [SMOKE]' if smoke else ''}")
     print(f"{'epoch':>5} " + " ".join(f"{n + ' acc':>16} {n + ' wall s':>18}" for n in names))
     for e in range(s["epochs"]):
         row = []
@@ -411,6 +458,70 @@ def main(argv=None) -> int:
                            ("total wall s", "total_wall_s", ".1f"),
                            ("final acc", "final_accuracy", ".4f")):
         print(f"{label:<21}" + "".join(f"{fmt(sides[n][k], spec):>20}" for n in names))
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--epochs", type=int, default=None, help="default: the config's max_duration")
+    ap.add_argument("--only", choices=["torch", "jax"], default=None)
+    ap.add_argument("--torch-memory-format", choices=["channels_last", "contiguous"], default="channels_last")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="run the comparison once per seed (default: "
+                                                                        "the config's seed); medians are reported")
+    ap.add_argument("--smoke", action="store_true", help="2 epochs of 5 batches, 1 eval batch: checks the script")
+    ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.torch_worker:
+        return torch_worker(args)
+    args.out = results_path(NAME, args.smoke, args.out)
+
+    key = f"time_to_{int(TARGET_ACC * 100)}pct_s"
+    runs = []
+    for seed in args.seeds or [None]:
+        s = load_setup(args.config, args.epochs, args.smoke, seed)
+        s["torch_memory_format"] = args.torch_memory_format
+        sides = {}
+        if args.only in (None, "torch"):
+            sides["torch"] = torch_in_subprocess(args, seed)
+        if args.only in (None, "jax"):
+            sides["jaxcomposer"] = run_jax(s)
+        runs.append({"seed": s["cfg"].seed, "sides": interleaved(sides)})
+        print_run(runs[-1], s, args.smoke)
+
+    cfg = s["cfg"]
+    medians = {n: {k: _median([r["sides"][n][k] for r in runs])
+                   for k in ("images_per_s_after_first_step", "first_step_s", key, "final_accuracy")}
+               for n in runs[0]["sides"]}
+    out = {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
+           "setup": {"config": os.path.relpath(args.config, ROOT), "overrides": s["overrides"][:-1] if args.seeds
+                     else s["overrides"], "seeds": [r["seed"] for r in runs],
+                     "data": s["info"].name, "data_fallback": s["info"].fallback_note,
+                     "model": cfg.model, "batch_size": cfg.data.batch_size, "eval_batch_size": cfg.data.eval_batch_size,
+                     "epochs": s["epochs"], "steps_per_epoch": s["steps_per_epoch"], "total_steps": s["total_steps"],
+                     "optimizer": cfg.optimizer, "schedulers": cfg.schedulers, "label_smoothing": s["label_smoothing"],
+                     "ema": s["ema"], "eval": "after every epoch, with EMA weights on both sides",
+                     "schedule": "torch in a child process; the sides' epochs alternate (who goes first alternates by "
+                                 "epoch), so the machine's drift lands on both; each side's wall time counts its own "
+                                 "epochs only",
+                     "torch": f"torch.set_num_threads(2), NCHW tensors, memory format {args.torch_memory_format}, "
+                              "eager (no torch.compile)",
+                     "jax": "Trainer on the default device(s), fp32, progress bar and loggers off",
+                     "known_differences": ["BN running variance: torch keeps the unbiased batch variance, flax the "
+                                           "biased one", "weight init draws differ (same distributions)"]},
+           "target_accuracy": TARGET_ACC, "medians_over_seeds": medians, "runs": runs}
+    write_json(args.out, out)
+
+    if len(runs) > 1:
+        print(f"\nmedians over seeds {[r['seed'] for r in runs]}:")
+        for label, k, spec in (("img/s excl. 1st step", "images_per_s_after_first_step", ".1f"),
+                               ("first step s", "first_step_s", ".2f"), (f"time to {TARGET_ACC:.0%} s", key, ".1f"),
+                               ("final acc", "final_accuracy", ".4f")):
+            print(f"{label:<21}" + "".join(f"{fmt(medians[n][k], spec):>20}" for n in medians))
     print(f"results: {args.out}")
     return 0
 

@@ -191,3 +191,13 @@ def test_cache_falls_back_to_the_temporary_directory_when_home_is_read_only(tmp_
     monkeypatch.setattr(kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
     assert kernels.cache_dir() == tmp_path / "tmp" / "jaxcomposer-kernels"
     assert kernels.cache_dir().is_dir()
+
+
+def test_adapter_kernel_lookup_names_what_is_missing():
+    from jaxcomposer.core import adapters
+    from jaxcomposer.errors import ConfigurationError
+    assert adapters.kernel("torch", "conv_general_dilated", wanted_by="x") is kernels.conv_general_dilated
+    with pytest.raises(ConfigurationError, match=r"M\(conv_impl='y'\): needs the 'mxnet' adapter"):
+        adapters.kernel("mxnet", "conv_general_dilated", wanted_by="M(conv_impl='y')")
+    with pytest.raises(ConfigurationError, match=r"provides no kernel 'matmul'; it has \['conv_general_dilated'\]"):
+        adapters.kernel("torch", "matmul", wanted_by="x")
