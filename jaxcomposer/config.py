@@ -194,10 +194,15 @@ def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -
         try:
             fn(**kwargs)
         except (TypeError, ValueError) as e:
-            # point at the argument when the message names exactly one of them ("Invalid lr=0", "alpha must be")
-            named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", str(e))]
-            problems.append((f"{loc}.{named[0]}" if len(named) == 1 else loc, str(e)))
+            problems.append(problem_from_error(loc, kwargs, e))
     return problems
+
+
+def problem_from_error(loc: str, kwargs: Mapping, error: Exception) -> tuple[str, str]:
+    """A builder's ``TypeError``/``ValueError`` as a config problem, pointed at the argument when the message names
+    exactly one of them ("Invalid lr=0", "depth must be 6n+2")."""
+    named = [k for k in kwargs if re.search(rf"\b{re.escape(k)}\b", str(error))]
+    return (f"{loc}.{named[0]}" if len(named) == 1 else loc, str(error))
 
 
 def build_component(spec: Mapping, registry: Mapping[str, Callable]):

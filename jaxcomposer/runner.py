@@ -149,6 +149,17 @@ def _with_normalization(spec: dict, dataset: str) -> dict:
 
 
 def _build_task(cfg, info):
+    """The config's model as a task; a model argument its builder refuses (``depth: 7``) is a ``ConfigError``."""
+    try:
+        return _build_task_unchecked(cfg, info)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, config_lib.ConfigError):
+            raise
+        kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+        raise config_lib.ConfigError([config_lib.problem_from_error("model", kwargs, e)]) from None
+
+
+def _build_task_unchecked(cfg, info):
     kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
     name = cfg.model["name"]
     rngs = nnx.Rngs(cfg.seed)

@@ -157,3 +157,10 @@ def test_a_configured_compilation_cache_is_left_alone_and_a_bad_directory_is_nam
         assert use_compilation_cache(None) is None
     finally:
         jax.config.update("jax_compilation_cache_dir", configured)
+
+
+def test_a_model_argument_the_model_refuses_is_a_config_error_before_any_write(tmp_path):
+    bad = {**TINY, "run_dir": str(tmp_path / "runs"), "model": {"name": "resnet_cifar", "depth": 7, "width": 4}}
+    with pytest.raises(ConfigError, match=r"model\.depth: ResNetCIFAR: depth must be 6n\+2 with n >= 1, got depth=7"):
+        fit(bad)
+    assert not (tmp_path / "runs").exists()
