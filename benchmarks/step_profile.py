@@ -7,7 +7,7 @@ quickstart model (``configs/quickstart.yaml``: ResNet-8, width 16, stride-2 stem
 left is the compiled step itself, so the numbers say which kernels to work on.
 
 - JAX sides: ``jax.profiler`` trace of ``--steps`` steps after warm-up; XLA's thunk events are summed per kernel
-  (over both threads, so a sum can exceed the wall time) and grouped: ``conv`` (YNNPACK/Eigen/oneDNN convolution kernels, ``ynn_fusion``/``convolution*``), ``transpose``
+  (over both threads, so a sum can exceed the wall time) and grouped: ``conv`` (YNNPACK/Eigen/oneDNN convolution kernels, ``ynn_fusion``/``convolution*``/``ffi_call``), ``transpose``
   (``transpose_copy_fusion``: layout changes, mostly activations put batch-minor for the weight gradients),
   ``elementwise+reduce`` (every other fusion: BatchNorm, ReLU, the loss, the optimizer), ``other``.
 - torch: ``torch.profiler`` self CPU time per ATen op over the same number of steps (``torch.set_num_threads``
@@ -43,7 +43,8 @@ _NOT_KERNELS = ("$", "ThunkExecutor", "PjitFunction", "CommonPjRt", "ParseArgume
 
 
 def xla_group(kernel: str) -> str:
-    if kernel.startswith(("ynn_fusion", "xnn_fusion", "onednn", "convolution", "conv_general_dilated")):
+    # ffi_call: the oneDNN convolutions of conv_impl='onednn' (torch_bridge.kernels), XLA custom calls
+    if kernel.startswith(("ynn_fusion", "xnn_fusion", "onednn", "convolution", "conv_general_dilated", "ffi_call")):
         return "conv"
     if kernel.startswith("transpose"):
         return "transpose"

@@ -97,11 +97,7 @@ def load_setup(config: str, epochs: int | None, smoke: bool, seed: int | None = 
             raise SystemExit("the torch EMA mirrors update_interval '1ba' only")
         ema = {"half_life_batches": int(half[:-2]), "update_interval_batches": 1,
                "smoothing": 2.0 ** (-1.0 / int(half[:-2])) if int(half[:-2]) else 0.0}
-    # the jaxcomposer side gets loaders of its own (same seed, so the same batches): the sides run interleaved
-    jax_train, jax_evals, _ = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed,
-                                           data_dir=d.data_dir)
     return {"cfg": cfg, "overrides": overrides, "epochs": n_epochs, "train": train, "evals": evals, "info": info,
-            "jax_train": jax_train, "jax_evals": jax_evals,
             "steps_per_epoch": spe, "total_steps": total, "alphas": alphas, "optimizer": opt,
             "label_smoothing": float(algos.get("label_smoothing", {}).get("smoothing", 0.1))
             if "label_smoothing" in algos else 0.0, "ema": ema}
@@ -121,9 +117,9 @@ def runner_module():
             mod = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
-        if hasattr(mod, "NormalizedLoader") and hasattr(mod, "_build_task"):
+        if hasattr(mod, "build_trainer"):
             return mod
-    raise SystemExit("cannot find jaxcomposer's fit module (NormalizedLoader, _build_task)")
+    raise SystemExit("cannot find jaxcomposer's fit module (build_trainer)")
 
 
 def normalization(info):
@@ -285,18 +281,10 @@ def run_torch(s: dict):
 def run_jax(s: dict):
     """Yields each epoch's record (own wall time from fit's start, accuracy); returns the side's summary."""
     import jax
-    from jaxcomposer import Trainer
-    from jaxcomposer import config as config_lib
     from jaxcomposer.core.events import Callback
-    NormalizedLoader, _build_task = runner_module().NormalizedLoader, runner_module()._build_task
-
-    cfg, info = s["cfg"], s["info"]
+    cfg = s["cfg"]
     # as `jaxcomposer fit` runs: with the config's persistent compilation cache (a rerun loads the compiled steps)
     cache_dir = runner_module().use_compilation_cache(cfg.compilation_cache_dir)
-    norm = normalization(info)
-    train, evals = s["jax_train"], s["jax_evals"]
-    if norm:
-        train, evals = NormalizedLoader(train, *norm), NormalizedLoader(evals, *norm)
 
     class Recorder(Callback):
         """Times the run; stops ``fit`` after each epoch's evaluation, so the other side's epoch can run between
@@ -328,19 +316,10 @@ def run_jax(s: dict):
                                  "wall_s": self.own_s, "train_s_cumulative": self.train_time})
             state.stop_training("benchmark: the other side's epoch runs next")
 
-    # Built the way jaxcomposer.fit builds it (same helpers), plus the recorder; no run_dir, no loggers.
+    # Built as jaxcomposer.fit builds it (runner.build_trainer), with the recorder as the only callback, no loggers
     rec = Recorder()
     t_build = time.perf_counter()
-    trainer = Trainer(
-        model=_build_task(cfg, info), train_dataloader=train, eval_dataloader=evals, max_duration=cfg.max_duration,
-        optimizers=config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS),
-        schedulers=[config_lib.build_component(x, config_lib.SCHEDULERS) for x in cfg.schedulers],
-        scale_schedule_ratio=cfg.scale_schedule_ratio,
-        algorithms=[config_lib.build_component({"name": n, **(kw or {})}, config_lib.ALGORITHMS)
-                    for n, kw in cfg.algorithms.items()],
-        callbacks=[rec], eval_interval=cfg.eval_interval, seed=cfg.seed, precision=cfg.precision,
-        device_train_microbatch_size=cfg.device_train_microbatch_size, progress_bar=False, log_to_console=False,
-        train_subset_num_batches=cfg.train_subset_num_batches, eval_subset_num_batches=cfg.eval_subset_num_batches)
+    trainer, _ = runner_module().build_trainer(cfg, callbacks=[rec], loggers=[])
     build_s = time.perf_counter() - t_build
     if trainer.total_steps != s["total_steps"]:
         raise SystemExit(f"schedule length mismatch: trainer {trainer.total_steps}, torch side {s['total_steps']}")

@@ -103,24 +103,7 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     parent = Path(cfg.run_dir).absolute()
     # a relaunch with autoresume continues the same run: its metrics append to the same directory
     run_dir = parent / run_name if cfg.autoresume else fresh_run_dir(parent, run_name)
-    d = cfg.data
-    train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
-                                      seq_len=d.seq_len, max_bytes=d.max_bytes)
-    if info.name in _NORMALIZATION:
-        train, evals = (NormalizedLoader(x, *_NORMALIZATION[info.name]) for x in (train, evals))
-    task = _build_task(cfg, info)
-    optimizer = config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS)
-    schedulers = [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers]
-    algorithms = [config_lib.build_component(_with_normalization({"name": n, **(kw or {})}, info.name),
-                                             config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()]
-    callbacks = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
-                 for n, kw in cfg.callbacks.items()]
-    loggers = [config_lib.build_component({"name": n, **(kw or {})}, config_lib.LOGGERS)
-               for n, kw in cfg.loggers.items()]
-    run_options = {o.name: getattr(cfg, o.name) for o in RUN_OPTIONS}  # the config holds every one of them
-    trainer = Trainer(**{**run_options, "run_name": run_name, "run_dir": run_dir}, model=task, train_dataloader=train,
-                      eval_dataloader=evals, optimizers=optimizer, schedulers=schedulers, algorithms=algorithms,
-                      callbacks=callbacks, loggers=loggers)
+    trainer, info = build_trainer(cfg, run_name=run_name, run_dir=run_dir)
     # the config as hyperparameters, as Composer logs its Trainer's (MLflow params, W&B config, a JSONL line)
     trainer.logger.log_hyperparameters(_flatten(cfg.model_dump(mode="json")))
     if info.fallback_note:
@@ -135,6 +118,33 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     wall = time.perf_counter() - start
     return FitResult(metrics=dict(state.eval_metrics.get("eval", {})), wall_time_s=wall, run_dir=run_dir,
                      state=state, trainer=trainer, fallback_note=info.fallback_note)
+
+
+def build_trainer(cfg: config_lib.Config, **replace: Any):
+    """The ``Trainer`` a validated config describes, and the loaded data's ``DatasetInfo``: loaders (normalized
+    images), model, optimizer, schedulers, methods, callbacks, loggers and every run option, as ``fit`` builds it,
+    except the run directory (none: nothing is written unless ``replace`` names one). ``replace`` overrides Trainer
+    arguments (a benchmark passes its own ``callbacks=[...]`` and ``loggers=[]``)."""
+    d = cfg.data
+    train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
+                                      seq_len=d.seq_len, max_bytes=d.max_bytes)
+    if info.name in _NORMALIZATION:
+        train, evals = (NormalizedLoader(x, *_NORMALIZATION[info.name]) for x in (train, evals))
+    components = {
+        "model": _build_task(cfg, info), "train_dataloader": train, "eval_dataloader": evals,
+        "optimizers": config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS),
+        "schedulers": [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers],
+        "algorithms": [config_lib.build_component(_with_normalization({"name": n, **(kw or {})}, info.name),
+                                                  config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()],
+        "callbacks": [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
+                      for n, kw in cfg.callbacks.items()],
+        "loggers": [config_lib.build_component({"name": n, **(kw or {})}, config_lib.LOGGERS)
+                    for n, kw in cfg.loggers.items()],
+    }
+    run_options = {o.name: getattr(cfg, o.name) for o in RUN_OPTIONS}  # the config holds every one of them
+    # the config's run_dir is the parent of run directories; the run's own (fresh) one is fit's to choose
+    run_options["run_dir"] = None
+    return Trainer(**{**run_options, **components, **replace}), info
 
 
 def _with_normalization(spec: dict, dataset: str) -> dict:
