@@ -48,7 +48,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxcomposer.core.method import Method, MethodEntry
@@ -61,12 +60,6 @@ class NoEffectWarning(UserWarning):
     """A method found nothing to change in the model (Composer's ``NoEffectWarning``)."""
 
 
-def _filter_np(channels: int) -> np.ndarray:
-    f = np.array([1.0, 2.0, 1.0], np.float32)
-    k = np.outer(f, f) / 16.0  # sums to 1
-    return np.broadcast_to(k[:, :, None, None], (3, 3, 1, channels))  # HWIO, depthwise (I = 1 per group)
-
-
 def _pair(v) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)
@@ -74,17 +67,31 @@ def _pair(v) -> tuple[int, int]:
     return v * 2 if len(v) == 1 else v
 
 
+def _blur_along(x: jax.Array, axis: int, stride: int) -> jax.Array:
+    """``[1, 2, 1] / 4`` along one axis, zero padding of 1, then every ``stride``-th output."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (1, 1)
+    xp = jnp.pad(x, pad)
+    n_out = (x.shape[axis] - 1) // stride + 1  # a 3-tap, 1-padded conv's output size
+
+    def tap(k: int) -> jax.Array:
+        return jax.lax.slice_in_dim(xp, k, k + stride * (n_out - 1) + 1, stride, axis)
+
+    return (tap(0) + 2 * tap(1) + tap(2)) * 0.25
+
+
 def blur_2d(x: jax.Array, stride: int | tuple[int, int] = 1) -> jax.Array:
     """Depthwise ``[1,2,1]⊗[1,2,1]/16`` blur of an NHWC array, zero 'same' padding (1 px), then ``stride``.
 
-    Composer's ``blur_2d`` in NHWC: ``F.conv2d(x, filt, stride, padding=1, groups=C)``.
+    Composer's ``blur_2d`` in NHWC: ``F.conv2d(x, filt, stride, padding=1, groups=C)``. Computed as the separable
+    filter it is, shifted adds along H then W (the weights are powers of two, so only the summation order differs
+    from the convolution): XLA fuses them into one pass. Its grouped convolution took 15-50x longer on CPU (forward
+    and backward, 128x14x14x16 to 128x28x28x16).
     """
     if x.ndim != 4:
         raise ValueError(f"blur_2d: expected NHWC (B, H, W, C), got shape {x.shape}")
-    c = x.shape[-1]
-    filt = jnp.asarray(_filter_np(c), x.dtype)
-    return jax.lax.conv_general_dilated(x, filt, window_strides=_pair(stride), padding=((1, 1), (1, 1)),
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c)
+    sh, sw = _pair(stride)
+    return _blur_along(_blur_along(x, 1, sh), 2, sw)
 
 
 class BlurConv(nnx.Module):
