@@ -27,6 +27,7 @@ Run:  .venv/bin/python benchmarks/recipe_pareto.py [--config configs/quickstart.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -103,7 +104,7 @@ def plot(sides: dict, target: float, path, title: str) -> None:
         for p in pts:
             ax.scatter([r["train_s"] for r in p["runs"]], [r["accuracy"] for r in p["runs"]], s=10, color=color,
                        alpha=0.35)
-            ax.annotate(p["duration"], (p["train_s_median"], p["accuracy_median"]), textcoords="offset points",
+            ax.annotate(p.get("label", p["duration"]), (p["train_s_median"], p["accuracy_median"]), textcoords="offset points",
                         xytext=(4, -10), fontsize=7, color=color)
     ax.axhline(target, ls=":", color="gray")
     ax.set(xlabel="training time (s; compile included, evaluation excluded)", ylabel="final test accuracy",
@@ -123,7 +124,13 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=float, default=0.91)
     ap.add_argument("--smoke", action="store_true", help="two schedules of a few batches; checks the script only")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the saved JSON; train nothing")
     args = ap.parse_args(argv)
+    if args.replot:
+        path = results_path(NAME, args.smoke, args.out)
+        saved = json.loads(path.read_text())
+        plot(saved["sides"], saved["setup"]["target"], path.with_suffix(".png"), saved["title"])
+        return 0
 
     from jaxcomposer.data import make_loaders
     probe, _ = configs(args.config, "1ep", args.seeds[0], args.smoke)
@@ -147,7 +154,7 @@ def main(argv=None) -> int:
     recipe_cfg = configs(args.config, durations[0], args.seeds[0], args.smoke)[1]
     sides = {}
     for label in ("baseline", "recipe"):
-        points = [{"duration": d, "runs": rs,
+        points = [{"duration": d, "label": f"{rs[0]['batches'] / spe:g} ep", "runs": rs,
                    "accuracy_median": statistics.median(r["accuracy"] for r in rs),
                    "train_s_median": round(statistics.median(r["train_s"] for r in rs), 3)}
                   for d, rs in runs[label].items()]
@@ -159,15 +166,15 @@ def main(argv=None) -> int:
                if t_base is not None and t_recipe is not None else None)
     out = results_path(NAME, args.smoke, args.out)
     model = {k: v for k, v in recipe_cfg.model.items()}
+    title = f"{recipe_cfg.data.name}, {model.get('name')}: recipe vs baseline (median of {len(args.seeds)} seeds)"
     write_json(out, {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
                      "setup": {"config": str(args.config), "model": model, "data": recipe_cfg.data.name,
                                "batch_size": recipe_cfg.data.batch_size, "steps_per_epoch": spe,
                                "optimizer": recipe_cfg.optimizer, "schedulers": recipe_cfg.schedulers,
                                "recipe_algorithms": recipe_cfg.algorithms, "seeds": args.seeds,
                                "durations": durations, "target": args.target},
-                     "sides": sides, "speedup_to_target": speedup}, indent=1)
-    plot(sides, args.target, out.with_suffix(".png"),
-         f"{recipe_cfg.data.name}, {model.get('name')}: recipe vs baseline (median of {len(args.seeds)} seeds)")
+                     "sides": sides, "speedup_to_target": speedup, "title": title}, indent=1)
+    plot(sides, args.target, out.with_suffix(".png"), title)
 
     print(f"\n{'side':<10}{'duration':>9}{'median acc':>12}{'median train s':>16}")
     for label, side in sides.items():
