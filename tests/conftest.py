@@ -14,6 +14,11 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   -> 1.9 s). Every assertion still holds (bitwise equalities compare runs of one build; parity tolerances are the
   fixed ones). The SIGKILL-and-autoresume runs (tests/trainer/test_fault_injection.py) compile as users do,
   optimized and with the default emitters, so bitwise resume is still checked in the configuration users run;
+- XLA:CPU emits each program as one LLVM module (``--xla_cpu_parallel_codegen_split_count=1``) instead of splitting
+  it to compile the parts on parallel threads: on two cores busy with three workers the split buys no wall time
+  and costs CPU time (each part repeats shared work): a beta sample's program 1.0 s -> 0.7 s of CPU, a small
+  ResNet's gradient 0.7 s -> 0.4 s, tests/algorithms/test_cutmix.py, test_composition.py,
+  tests/torch_bridge/test_ops_nn.py and tests/models/test_resnet.py together 130 s -> 106 s;
 - the bridge's op tables compile once per table, not once per row (tests/torch_bridge/parity.py, ``JitTable``);
 - torch runs one OpenMP thread per process (below).
 """
@@ -26,12 +31,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # workers on two cores would otherwise oversubscribe them with spinning OpenMP threads for ops on tiny tensors
 # (measured on tests/torch_bridge/test_composer_model.py alone: -10% CPU time; more under the workers' contention)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"  # tests only: the fault-injection runs drop it
+# tests only: the fault-injection runs drop them (they compile as users do)
+FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
     flags += " --xla_force_host_platform_device_count=2"
-if "xla_cpu_use_fusion_emitters" not in flags:
-    flags += " " + FAST_COMPILE_FLAG
+for flag in FAST_COMPILE_FLAGS:
+    if flag.split("=")[0] not in flags:
+        flags += " " + flag
 os.environ["XLA_FLAGS"] = flags.strip()
 
 _CACHE_ENV = "JAXCOMPOSER_TEST_COMPILE_CACHE"

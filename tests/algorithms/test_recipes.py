@@ -3,12 +3,17 @@ method's idea of the run (``ctx.run.total_steps``, the stage, and the one clock 
 SWALR and LayerFreezing's depth read; docs/design.md, "The clock")."""
 import jax
 import numpy as np
+import pytest
 
 from jaxcomposer import Trainer, algorithms
 from jaxcomposer.algorithms.swa import find_swa_state
+from jaxcomposer.core.events import Callback
 from jaxcomposer.data import ArrayLoader
 from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
 from tests.trainer.helpers import digits, leaves, resnet_task
+
+# both tests read the same runs (a module fixture): keep them on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_recipes")
 
 
 def _recipe():
@@ -26,11 +31,31 @@ def _trainer(max_duration, ssr=1.0):
                    seed=4, progress_bar=False, devices=jax.devices()[:1])
 
 
-def test_scale_schedule_ratio_reaches_every_method():
-    scaled, plain = _trainer("8ba", ssr=0.5), _trainer("4ba")
+class StemRecorder(Callback):
+    """The stem's parameters after every batch (reading them changes nothing in the run)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def batch_end(self, state, logger):
+        self.seen.append([np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(
+            state.train_state.params)[0] if "stem" in jax.tree_util.keystr(p)])
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The recipe over 8 batches at ``scale_schedule_ratio=0.5`` and over 4 plain ones (stem recorded): one pair of
+    fits for both tests."""
+    scaled, plain, recorder = _trainer("8ba", ssr=0.5), _trainer("4ba"), StemRecorder()
+    plain.callbacks.append(recorder)
     assert scaled.total_steps == plain.total_steps == 4
     scaled.fit()
     plain.fit()
+    return scaled, plain, recorder
+
+
+def test_scale_schedule_ratio_reaches_every_method(runs):
+    scaled, plain, _ = runs
     # the scaled run *is* the 4-batch run: same resizing stages, SWA swap, freezing depth and LR, to the bit
     for a, b in zip(leaves(scaled.state.train_state), leaves(plain.state.train_state)):
         np.testing.assert_array_equal(a, b)
@@ -41,20 +66,8 @@ def test_scale_schedule_ratio_reaches_every_method():
     assert int(find_swa_state(scaled.state.train_state.opt_state).swa_n) == 2
 
 
-def test_decoupled_weight_decay_never_touches_frozen_layers():
-    from jaxcomposer.core.events import Callback
-
-    class StemRecorder(Callback):
-        def __init__(self):
-            self.seen = []
-
-        def batch_end(self, state, logger):
-            self.seen.append([np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(
-                state.train_state.params)[0] if "stem" in jax.tree_util.keystr(p)])
-
-    t, recorder = _trainer("4ba"), StemRecorder()
-    t.callbacks.append(recorder)
-    t.fit()
+def test_decoupled_weight_decay_never_touches_frozen_layers(runs):
+    recorder = runs[2]
     # LayerFreezing (freeze_start=0.25) has frozen the stem for the last steps: decoupled weight decay, which moves
     # every other layer, must leave it bitwise alone; before freezing it did move
     assert recorder.seen[-1] and len(recorder.seen) == 4

@@ -2,22 +2,17 @@
 
 ``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume] [--restored PATH] [--small]``:
 trains an MLP with dropout under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving
-asynchronously every 2 batches to ``FOLDER``; at the end writes every leaf of the train state, the timestamp and the
+asynchronously every 2 batches to ``FOLDER`` (``-``: nowhere, for a reference run); at the end writes every leaf of the train state, the timestamp and the
 loader position to ``OUT`` (an ``.npz``); ``--restored`` also writes the state as it was right after building the
 trainer (after autoresume restored it). The hidden layers are wide (2.4M parameters; with momentum and EMA ~28 MB
 per checkpoint, above the 16 MiB up to which states are written as ``.npz`` items) so a save goes through orbax's
 array format and takes long enough for a kill to land inside it; ``--small`` trains a narrow one where no kill has
 to land, saved in the ``.npz`` format.
+
+``main`` also runs in the test process (``devices``: the ones the Trainer uses; by default all of the process's).
 """
 import os
 import sys
-
-devices = int(sys.argv[2])
-# the device count is this run's own; other flags (the test session's compile-time ones) pass through
-inherited = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-os.environ["XLA_FLAGS"] = " ".join([*inherited, f"--xla_force_host_platform_device_count={devices}"])
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def dump(path, trainer, loader) -> None:
@@ -30,7 +25,8 @@ def dump(path, trainer, loader) -> None:
              loader=np.array([loader.get_state()["epoch"], loader.get_state()["batch_index"]]))
 
 
-def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: str | None, small: bool) -> None:
+def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: str | None, small: bool,
+         devices=None) -> None:
     from flax import nnx
 
     from jaxcomposer import Trainer
@@ -48,8 +44,8 @@ def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: st
     trainer = Trainer(model=task, train_dataloader=loader, max_duration=f"{max_batches}ba",
                       optimizers=DecoupledSGDW(lr=0.05, momentum=0.9, weight_decay=1e-4),
                       schedulers=[CosineAnnealingScheduler()], algorithms=[MixUp(alpha=0.4), EMA(half_life="3ba")],
-                      seed=11, progress_bar=False, run_name="fault", save_folder=folder, save_interval="2ba",
-                      autoresume=autoresume)
+                      seed=11, progress_bar=False, run_name="fault", save_folder=None if folder == "-" else folder,
+                      save_interval="2ba", autoresume=autoresume, devices=devices)
     print(f"START batch={trainer.state.timestamp.batch}", flush=True)
     if restored:
         dump(restored, trainer, loader)
@@ -60,6 +56,11 @@ def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: st
 
 
 if __name__ == "__main__":
+    # the device count is this run's own; other flags (the test session's compile-time ones) pass through
+    inherited = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join([*inherited, f"--xla_force_host_platform_device_count={int(sys.argv[2])}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     extra = sys.argv[5:]
     main(sys.argv[1], int(sys.argv[3]), sys.argv[4], "--autoresume" in extra,
          extra[extra.index("--restored") + 1] if "--restored" in extra else None, "--small" in extra)
