@@ -11,8 +11,8 @@ Use: ``nnx.Conv(..., conv_general_dilated=torch_bridge.kernels.conv_general_dila
 imports torch).
 
 What runs on oneDNN: 2-D convolutions, float32, activations NHWC with HWIO kernels (Flax) or NCHW with OIHW
-(torch; transposed to channels-last around the call, oneDNN's fast layout, and XLA fuses those transposes into the
-neighbouring ops), any stride, dilation and feature groups, explicit or 'SAME'/'VALID' padding (asymmetric
+(torch); the calls take NHWC activations and OHWI kernels, oneDNN's fast layouts, and XLA fuses the transposes to
+them into the neighbouring ops, any stride, dilation and feature groups, explicit or 'SAME'/'VALID' padding (asymmetric
 padding is padded explicitly first). Everything else (other ranks or dtypes, transposed convolutions via
 ``lhs_dilation``, ``batch_group_count``, ``out_sharding``, other layouts, empty arrays) falls through to
 ``lax.conv_general_dilated`` unchanged.
@@ -218,10 +218,12 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
             for axis, pair in zip(dn.lhs_spec[2:], extra):
                 pads[axis] = pair
             lhs = jax.numpy.pad(lhs, pads)
-        if layout == "NCHW":  # oneDNN's fast layout is channels-last; XLA fuses these transposes into neighbours
+        # oneDNN's fast layouts are channels-last: NHWC activations, OHWI kernels. XLA fuses these transposes into
+        # the neighbouring ops (a kernel's is a copy of a few thousand values).
+        if layout == "NCHW":
             n, c, h, w = out_shape
-            y = _onednn_conv(lhs.transpose(0, 2, 3, 1), rhs.transpose(2, 3, 1, 0), (n, h, w, c), geometry)
+            y = _onednn_conv(lhs.transpose(0, 2, 3, 1), rhs.transpose(0, 2, 3, 1), (n, h, w, c), geometry)
             return y.transpose(0, 3, 1, 2)
-        return _onednn_conv(lhs, rhs, out_shape, geometry)
+        return _onednn_conv(lhs, rhs.transpose(3, 0, 1, 2), out_shape, geometry)
 
     return lax.platform_dependent(lhs, rhs, cpu=onednn, default=fallback)
