@@ -16,7 +16,7 @@ from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
 from .composer_model import TorchComposerTask, is_composer_model
-from . import functional, kernels
+from . import functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
@@ -51,7 +51,7 @@ def _to_task(module):
 
 
 ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure_model=_to_pure_model,
-                  to_loader=_to_loader, surgery={"BlurPool": _blurpool}, to_task=_to_task,
+                  to_loader=_to_loader, surgery={"BlurPool": _blurpool, **methods.SURGERY}, to_task=_to_task,
                   is_array=lambda obj: isinstance(obj, torch.Tensor), to_array=functional.to_array,
                   from_array=functional.from_array, data_format="NCHW", no_grad=torch.no_grad,
                   functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
