@@ -14,7 +14,8 @@ What runs on oneDNN: 2-D convolutions, float32, activations NHWC with HWIO kerne
 (torch); the calls take NHWC activations and OHWI kernels, oneDNN's fast layouts, and XLA fuses the transposes to
 them into the neighbouring ops, any stride, dilation and feature groups, explicit or 'SAME'/'VALID' padding (asymmetric
 padding is padded explicitly first). Everything else (other ranks or dtypes, transposed convolutions via
-``lhs_dilation``, ``batch_group_count``, ``out_sharding``, other layouts, empty arrays) falls through to
+``lhs_dilation``, ``batch_group_count``, ``out_sharding``, other layouts, empty arrays, and strided 1x1
+convolutions with fewer than 16 input channels per group, whose kernel gradient ATen gets wrong) falls through to
 ``lax.conv_general_dilated`` unchanged.
 
 Differences from ``lax.conv_general_dilated``, on the oneDNN path:
@@ -50,6 +51,12 @@ _TARGETS = {"forward": "JcConvForward", "input_grad": "JcConvBackwardInput", "ke
 # lax's ConvDimensionNumbers specs (as (lhs, rhs, out) index tuples) of the two layouts routed to the kernels
 _LAYOUTS = {((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)): "NHWC",   # with HWIO kernels
             ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3)): "NCHW"}   # with OIHW kernels
+
+
+# ATen's kernel gradient of a strided 1x1 convolution on channels-last views with few input channels (per group)
+# corrupts the heap (torch 2.13 CPU, any thread count; 1-6 channels crash within 300 calls, 7 and more did not):
+# such convolutions, a few FLOPs each, stay on XLA's kernels
+_MIN_STRIDED_1X1_CHANNELS = 16
 
 
 class KernelBuildError(RuntimeError):
@@ -183,6 +190,8 @@ def _plan(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimensi
     dilation = (1, 1) if rhs_dilation is None else tuple(int(d) for d in rhs_dilation)
     spatial_in = [lhs.shape[i] for i in dn.lhs_spec[2:]]
     kernel = [rhs.shape[i] for i in dn.rhs_spec[2:]]
+    if kernel == [1, 1] and max(window_strides) > 1 and rhs.shape[dn.rhs_spec[1]] < _MIN_STRIDED_1X1_CHANNELS:
+        return None
     if isinstance(padding, str):
         effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
         padding = lax.padtype_to_pads(spatial_in, effective, window_strides, padding)
