@@ -46,11 +46,13 @@ from jaxcomposer.errors import MethodConflictError
 
 class RunInfo(NamedTuple):
     """Static facts about the run, known before the first step: its length in steps (batches), the epoch length
-    (None for loaders without ``len()``) and the optimizer's base learning rate (None when it has no ``lr``)."""
+    (None for loaders without ``len()``), the optimizer's base learning rate (None when it has no ``lr``) and the
+    Trainer's ``precision`` (``'fp32'``, ``'amp_bf16'``, ...; None outside a Trainer)."""
 
     total_steps: int = 1
     steps_per_epoch: int | None = None
     base_lr: float | None = None
+    precision: str | None = None
 
 
 class ModelView(NamedTuple):

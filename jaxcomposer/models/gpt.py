@@ -24,6 +24,11 @@ def _normal(std: float):
     return jax.nn.initializers.normal(stddev=std)
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """The MLP's activation (GPT-2's ``gelu_new``)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
 class CausalSelfAttention(nnx.Module):
     def __init__(self, d_model: int, n_heads: int, resid_std: float, attention_impl: str | None = None,
                  *, rngs: nnx.Rngs):
@@ -32,18 +37,22 @@ class CausalSelfAttention(nnx.Module):
         self.n_heads, self.attention_impl = n_heads, attention_impl
         self.qkv = nnx.Linear(d_model, 3 * d_model, kernel_init=_normal(0.02), rngs=rngs)
         self.proj = nnx.Linear(d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
+        # None, or a static function ``t -> bias`` added to the scaled attention logits, broadcastable to
+        # (B, n_heads, t, t): the hook ALiBi's surgery (jaxcomposer.algorithms.alibi) sets.
+        self.attention_bias = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
         shape = (b, t, self.n_heads, d // self.n_heads)
-        y = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal=True,
-                                         implementation=self.attention_impl)
+        bias = None if self.attention_bias is None else self.attention_bias(t).astype(q.dtype)
+        y = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), bias=bias,
+                                         is_causal=True, implementation=self.attention_impl)
         return self.proj(y.reshape(b, t, d))
 
 
 class Block(nnx.Module):
-    """``x + drop(attn(ln1(x)))`` then ``x + drop(mlp(ln2(x)))``."""
+    """``x + drop(attn(ln1(x)))`` then ``x + drop(fc_proj(mlp_act(fc(ln2(x)))))``."""
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: int, dropout: float, resid_std: float,
                  attention_impl: str | None = None, *, rngs: nnx.Rngs):
@@ -52,11 +61,12 @@ class Block(nnx.Module):
         self.ln2 = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
         self.fc = nnx.Linear(d_model, mlp_ratio * d_model, kernel_init=_normal(0.02), rngs=rngs)
         self.fc_proj = nnx.Linear(mlp_ratio * d_model, d_model, kernel_init=_normal(resid_std), rngs=rngs)
+        self.mlp_act = gelu_tanh  # static; GatedLinearUnits reads it as its default act_fn and replaces it
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, train: bool, keys: list) -> jax.Array:
         x = x + self.drop(self.attn(self.ln1(x)), deterministic=not train, rngs=keys[0])
-        h = self.fc_proj(jax.nn.gelu(self.fc(self.ln2(x)), approximate=True))
+        h = self.fc_proj(self.mlp_act(self.fc(self.ln2(x))))
         return x + self.drop(h, deterministic=not train, rngs=keys[1])
 
 

@@ -51,6 +51,20 @@ def _bn(c: int, momentum: float, rngs: nnx.Rngs, zero: bool = False) -> nnx.Batc
     return nnx.BatchNorm(c, momentum=momentum, epsilon=1e-5, scale_init=scale_init, rngs=rngs)
 
 
+_BLOCK_KEY_TAG = 0xB10C  # block keys fold this in first: never equal to dropout's split(key, 1)[0] == fold_in(key, 0)
+
+
+def block_key(key: jax.Array | None, index: int, train: bool) -> jax.Array | None:
+    """The key residual block ``index`` receives: independent of the dropout key, None in eval or without a key.
+
+    Plain blocks ignore it (unused keys cost nothing under jit); StochasticDepth's blocks draw their drops from it,
+    so they replay exactly from the step key the Trainer gives the model.
+    """
+    if not train or key is None:
+        return None
+    return jax.random.fold_in(jax.random.fold_in(key, _BLOCK_KEY_TAG), index)
+
+
 class BasicBlock(nnx.Module):
     """``relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))`` with a projection shortcut when the shape changes."""
 
@@ -66,12 +80,19 @@ class BasicBlock(nnx.Module):
         else:
             self.proj_conv = self.proj_bn = None
 
-    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    # The forward is split into its residual branch and its shortcut so that StochasticDepth's block subclass
+    # (jaxcomposer/algorithms/stochastic_depth.py) can drop or scale the branch alone.
+    def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
         ura = not train
         y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=ura))
-        y = self.bn2(self.conv2(y), use_running_average=ura)
-        shortcut = x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=ura)
-        return jax.nn.relu(y + shortcut)
+        return self.bn2(self.conv2(y), use_running_average=ura)
+
+    def shortcut(self, x: jax.Array, *, train: bool) -> jax.Array:
+        return x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=not train)
+
+    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
+        del key  # a plain block is deterministic; the key is for stochastic subclasses (StochasticDepth)
+        return jax.nn.relu(self.residual(x, train=train) + self.shortcut(x, train=train))
 
 
 class ResNetCIFAR(nnx.Module):
@@ -113,11 +134,11 @@ class ResNetCIFAR(nnx.Module):
     def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
         if x.ndim != 4:
             raise ValueError(f"ResNetCIFAR: expected NHWC images (B, H, W, C), got shape {x.shape}.")
-        (key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetCIFAR")
+        (drop_key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetCIFAR")
         x = jax.nn.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
-        for block in self.blocks:
-            x = block(x, train=train)
-        x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=key)
+        for i, block in enumerate(self.blocks):
+            x = block(x, train=train, key=block_key(key, i, train))
+        x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=drop_key)
         return self.head(x).astype(jnp.float32)
 
 

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.models._keys import split_dropout_keys
-from jaxcomposer.models.resnet import _bn, _conv  # the same torchvision-style conv (kaiming fan-out) and BatchNorm
+# the same torchvision-style conv (kaiming fan-out) and BatchNorm, and the residual blocks' keys
+from jaxcomposer.models.resnet import _bn, _conv, block_key
 
 EXPANSION = 4  # a bottleneck's output has 4x the channels of its 3x3 conv
 
@@ -42,13 +43,19 @@ class Bottleneck(nnx.Module):
         else:
             self.proj_conv = self.proj_bn = None
 
-    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    # Residual branch and shortcut apart, as resnet.BasicBlock's, for StochasticDepth's block subclass.
+    def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
         ura = not train
         y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=ura))
         y = jax.nn.relu(self.bn2(self.conv2(y), use_running_average=ura))
-        y = self.bn3(self.conv3(y), use_running_average=ura)
-        shortcut = x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=ura)
-        return jax.nn.relu(y + shortcut)
+        return self.bn3(self.conv3(y), use_running_average=ura)
+
+    def shortcut(self, x: jax.Array, *, train: bool) -> jax.Array:
+        return x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=not train)
+
+    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
+        del key  # a plain block is deterministic; the key is for stochastic subclasses (StochasticDepth)
+        return jax.nn.relu(self.residual(x, train=train) + self.shortcut(x, train=train))
 
 
 class ResNetImageNet(nnx.Module):
@@ -87,13 +94,13 @@ class ResNetImageNet(nnx.Module):
     def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
         if x.ndim != 4:
             raise ValueError(f"ResNetImageNet: expected NHWC images (B, H, W, C), got shape {x.shape}.")
-        (key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetImageNet")
+        (drop_key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetImageNet")
         x = jax.nn.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
         # torch's MaxPool2d(3, 2, padding=1): reduce_window pads with -inf, so padding never wins the max
         x = nnx.max_pool(x, window_shape=(3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-        for block in self.blocks:
-            x = block(x, train=train)
-        x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=key)
+        for i, block in enumerate(self.blocks):
+            x = block(x, train=train, key=block_key(key, i, train))
+        x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=drop_key)
         return self.head(x).astype(jnp.float32)
 
 

@@ -193,7 +193,7 @@ class Trainer(ReadsPlan):
     # ---- the run's plan: max_duration lives in one place (self.plan; read through ReadsPlan) ----
     @property
     def run_info(self) -> RunInfo:
-        return RunInfo(self.plan.total_steps, self.plan.steps_per_epoch, self.base_lr)
+        return RunInfo(self.plan.total_steps, self.plan.steps_per_epoch, self.base_lr, self.precision)
 
     def _replan(self, max_duration: Time | None) -> None:
         """Build the plan (durations, total steps, the LR schedule) for ``max_duration`` and the current train

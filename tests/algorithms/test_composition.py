@@ -1,15 +1,24 @@
 """Item 5 of every method's contract: it composes with every other method (docs/design.md, "Tests").
 
 One table drives it: every unordered pair of registered methods, once. Pairs that declare a conflict must raise
-before anything is compiled; pairs that share a slot (their wrappers nest) or change shapes (a ``stage`` slot)
-run four jitted dummy steps through every slot with finite losses; the rest, whose slots are disjoint, must
-compose into exactly the union of their slots.
+before anything is compiled. Pairs whose only shared slot is ``model`` (two surgeries) apply both surgeries, in
+both orders, to a small ResNet and a small GPT and trace the surgered forward (``jax.eval_shape``: no compile);
+other pairs that share a slot (their wrappers nest) or change shapes (a ``stage`` slot) run four jitted dummy steps
+through every slot with finite losses; the rest, whose slots are disjoint, must compose into exactly the union of
+their slots.
 """
 import itertools
+import warnings
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
-from jaxcomposer.core.method import MethodConflictError, compose
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.core.method import MethodConflictError, StepCtx, compose
+from jaxcomposer.models import GPT, ResNetCIFAR
+from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
 from tests.algorithms.algo_testing import examples, run_steps
 
 SLOTS = ("model", "batch", "loss", "grad", "tx", "schedule", "post_step", "eval", "data")
@@ -46,7 +55,10 @@ def test_pair_composes(first, second, key):
         return
     composed = compose([a, b])
     assert set(composed.names) == {first, second}
-    if _slots(a) & _slots(b) or a.stage is not None or b.stage is not None:
+    if _slots(a) & _slots(b) == {"model"} and a.stage is None and b.stage is None:
+        for pair in (composed, compose([b, a])):
+            _surgeries_compose(pair)
+    elif _slots(a) & _slots(b) or a.stage is not None or b.stage is not None:
         run_steps(composed, key)
     else:  # disjoint slots cannot interact: each slot holds exactly its one owner's piece, in either order
         flipped = compose([b, a])
@@ -65,3 +77,31 @@ def test_mixers_conflict_by_declaration_not_by_name():
         compose([Method(name="a", conflicts_with={"b"}), Method(name="b")])
     outer = Method(name="z", order=-1)
     assert compose([Method(name="a"), outer]).names == ("z", "a")
+
+
+# (task builder, batch): a CNN with BatchNorm and dropout (the Trainer contract's) and a GPT, for the surgeries
+_SURGERY_MODELS = {
+    "resnet": (lambda: ComposerClassifier(ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2,
+                                                      rngs=nnx.Rngs(0)), num_classes=10),
+               {"input": jnp.zeros((4, 12, 12, 1)), "target": jnp.zeros((4,), jnp.int32)}),
+    "gpt": (lambda: ComposerCausalLM(GPT(vocab_size=32, seq_len=16, d_model=16, n_layers=2, n_heads=2,
+                                         dropout=0.1, rngs=nnx.Rngs(0))),
+            {"input_ids": jnp.zeros((4, 17), jnp.int32)}),
+}
+
+
+def _surgeries_compose(composed):
+    """Both surgeries apply, in the composed order, to each model, and the result's training forward and loss
+    trace to per-example losses ``(B,)`` (a surgery that finds nothing to change may warn)."""
+    ctx = StepCtx(step=0, key=jax.random.PRNGKey(0))
+    for name, (build, batch) in _SURGERY_MODELS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoEffectWarning)
+            task = composed.apply_model(build(), ctx)
+
+        def losses(params, state):
+            outputs = task.forward(params, state, batch, train=True, key=jax.random.PRNGKey(1))[0]
+            return task.loss(outputs, batch)
+
+        batch_size = len(next(iter(batch.values())))
+        assert jax.eval_shape(losses, task.params, task.state).shape == (batch_size,), (composed.names, name)

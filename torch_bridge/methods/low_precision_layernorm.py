@@ -1,0 +1,55 @@
+"""LowPrecisionLayerNorm's torch surgery: ``nn.LayerNorm`` -> :class:`LPLayerNorm`, in place (Composer's policy).
+
+The forward casts the input and the affine parameters to the autocast dtype when autocast is on and runs
+``F.layer_norm`` with autocast off, as Composer's. torch.export records it without autocast, so the exported
+graph is a plain ``layer_norm``; under the Trainer's ``amp_bf16`` the bridge runs it on bf16 params and
+activations (jaxcomposer.algorithms.low_precision_layernorm explains).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_bridge.surgery import count_module_instances, replace_module_classes
+
+
+def cast_if_autocast_enabled(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` in the autocast dtype of its device while autocast is on (Composer's helper); else as it is."""
+    if tensor is None or not torch.is_autocast_enabled(tensor.device.type):
+        return tensor
+    return tensor.to(dtype=torch.get_autocast_dtype(tensor.device.type))
+
+
+class LPLayerNorm(nn.LayerNorm):
+    """Composer's ``LPLayerNorm``: a LayerNorm computed in the autocast dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, weight, bias = (cast_if_autocast_enabled(t) for t in (x, self.weight, self.bias))
+        with torch.autocast(enabled=False, device_type=x.device.type):
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
+def to_lp_layernorm(layer: nn.Module, module_index: int) -> LPLayerNorm:
+    """Composer's ``_to_LPLayerNorm``: same shape and settings, the weights copied."""
+    if not isinstance(layer, nn.LayerNorm):
+        raise TypeError(f"LowPrecisionLayerNorm: expected torch.nn.LayerNorm, got {type(layer).__name__}")
+    new = LPLayerNorm(layer.normalized_shape, layer.eps, layer.elementwise_affine, bias=layer.bias is not None,
+                      device=layer.weight.device if layer.weight is not None else None)
+    with torch.no_grad():
+        if layer.weight is not None:
+            new.weight.copy_(layer.weight)
+        if layer.bias is not None:
+            new.bias.copy_(layer.bias)
+    return new
+
+
+def apply_low_precision_layernorm_torch(model: nn.Module):
+    """Every ``nn.LayerNorm`` (not already an LPLayerNorm) becomes an :class:`LPLayerNorm`, in place;
+    ``(model, number of them in it)``."""
+    policy = {nn.LayerNorm: lambda m, i: None if isinstance(m, LPLayerNorm) else to_lp_layernorm(m, i)}
+    model, _ = replace_module_classes(model, policy)
+    return model, count_module_instances(model, LPLayerNorm)  # of the result: a model converted before does not warn
+
+
+SURGERY = {"LowPrecisionLayerNorm": apply_low_precision_layernorm_torch}
