@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -94,3 +96,73 @@ plt.show()
 # ProgressiveResizing trains early epochs on smaller images, RandAugment applies `depth` random PIL operations at
 # a fixed severity, and AugMix blends several augmentation chains with the original.
 # Time cost and accuracy of each method: `benchmarks/methods_fashion_mnist.py`.
+
+# %% [markdown]
+# # What the model-rewriting methods do to a model
+#
+# The surgery methods' functional forms take a model and return the rewritten one (a Flax NNX module comes back as
+# a new module and the original is left as it was; a torch module is edited in place, as Composer does). Below, each
+# is applied to the quickstart's ResNet-8 (width 16) or to a small GPT, with thresholds small enough for these
+# models, and the table shows what changed: trainable parameters before and after, and the modules the surgery put
+# in. No training and no compile happen here.
+
+# %%
+import collections
+import warnings
+
+from flax import nnx
+
+from jaxcomposer.models import GPT, ResNetCIFAR
+
+
+def resnet():
+    return ResNetCIFAR(depth=8, width=16, num_classes=10, in_channels=1, stem_stride=2, dropout=0.1,
+                       rngs=nnx.Rngs(0))
+
+
+def gpt():
+    return GPT(vocab_size=256, seq_len=64, d_model=64, n_layers=2, n_heads=4, dropout=0.1, rngs=nnx.Rngs(0))
+
+
+def n_params(model) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+
+
+def module_types(model) -> collections.Counter:
+    return collections.Counter(type(m).__name__ for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Module))
+
+
+surgeries = [  # (method, model builder, functional form with this model's arguments)
+    ("BlurPool", resnet, lambda m: F.apply_blurpool(m, min_channels=16)),
+    ("SqueezeExcite", resnet, lambda m: F.apply_squeeze_excite(m, latent_channels=8, min_channels=32)),
+    ("StochasticDepth", resnet, lambda m: F.apply_stochastic_depth(m, "ResNetBasicBlock", drop_rate=0.2)),
+    ("GhostBatchNorm", resnet, lambda m: F.apply_ghost_batchnorm(m, ghost_batch_size=32)),
+    ("WeightStandardization", resnet, lambda m: F.apply_weight_standardization(m, n_last_layers_ignore=0)[0]),
+    ("Factorize", resnet, lambda m: F.apply_factorization(m, min_channels=32, latent_channels=0.25,
+                                                           min_features=32, latent_features=0.25)),
+    ("GyroDropout", resnet, lambda m: F.apply_gyro_dropout(m, iters_per_epoch=469, max_epoch=4, p=0.1, sigma=256,
+                                                            tau=16)),
+    ("GatedLinearUnits", gpt, lambda m: F.apply_gated_linear_units(m)),
+    ("Alibi", gpt, lambda m: F.apply_alibi(m, max_sequence_length=256)),
+    ("LowPrecisionLayerNorm", gpt, lambda m: F.apply_low_precision_layernorm(m, precision="amp_bf16")),
+    ("FusedLayerNorm", gpt, lambda m: F.apply_fused_layernorm(m)),
+]
+print(f"{'method':<22} {'model':<10} {'params before':>13} {'after':>9}  modules put in")
+for name, build, surgery in surgeries:
+    before = build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. Factorize's note on layers it leaves alone
+        after = surgery(before)
+    added = module_types(after) - module_types(before)
+    print(f"{name:<22} {type(before).__name__:<10} {n_params(before):>13,} {n_params(after):>9,}  "
+          + ", ".join(f"{n} x{c}" for c, n in sorted(((c, n) for n, c in added.items()), reverse=True)))
+
+# %% [markdown]
+# What to notice: BlurPool, StochasticDepth, GhostBatchNorm, WeightStandardization, GyroDropout and
+# LowPrecisionLayerNorm change how existing weights are used, not how many there are; SqueezeExcite adds two small
+# dense layers per wide conv; Factorize replaces wide layers by low-rank pairs (fewer parameters, fewer FLOPs);
+# GatedLinearUnits adds a third matrix to each MLP; Alibi drops the learned position embeddings from training (its
+# table stays, zeroed, as model state) and lifts the sequence-length cap; FusedLayerNorm computes the same norm in
+# fewer passes. ChannelsLast is not in the table: NNX models are channels-last (NHWC) already, and on a torch model
+# it only changes how the bridge lays out convolutions. The method cards
+# (`jaxcomposer methods NAME`) say when each one helps.

@@ -46,12 +46,13 @@ def _resolve(arg, env: dict):
     return arg
 
 
-def run_graph(graph: torch.fx.Graph, placeholders: list, key) -> list:
+def run_graph(graph: torch.fx.Graph, placeholders: list, key, *, conv_layout: str = "NCHW") -> list:
     """Evaluate ``graph`` with the given placeholder values (in order); returns the flat output list.
 
     Random ops get ``key=jax.random.fold_in(key, node_index)``: a pure function of the caller's key and the node,
     so two dropout layers draw different masks and the same key replays the same masks. With ``key=None`` random
     ops receive ``None`` and raise only if they actually need randomness (dropout with p > 0 in train mode).
+    Convolutions get ``conv_layout``: ``"NHWC"`` makes XLA convolve channels-last (the graph stays NCHW).
     """
     env: dict[torch.fx.Node, Any] = {}
     values = iter(placeholders)
@@ -72,6 +73,8 @@ def run_graph(graph: torch.fx.Graph, placeholders: list, key) -> list:
                     raise TypeError(f"torch_bridge: {node.target} has an argument named 'key' in kwargs, which "
                                     "clashes with the PRNG key keyword; its lowering must take it positionally")
                 kwargs["key"] = None if key is None else jax.random.fold_in(key, index)
+            if lowering.conv_layout:
+                kwargs["conv_layout"] = conv_layout
             try:
                 env[node] = lowering.fn(*args, **kwargs)
             except Exception as e:

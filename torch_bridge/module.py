@@ -25,6 +25,10 @@ from . import export
 from .interpreter import run_graph
 from .ops.registry import to_numpy
 
+# A module (or any submodule) with this attribute set to True is bridged with ``conv_layout="NHWC"``; the
+# ChannelsLast method's torch surgery sets it (torch_bridge/methods/channels_last.py).
+CHANNELS_LAST_ATTR = "_torch_bridge_channels_last"
+
 
 def _to_jax(x):
     if isinstance(x, torch.Tensor):
@@ -55,7 +59,8 @@ def _pythonize(x):
 class BridgedModel:
     """A converted module: initial ``params``/``buffers`` and a pure ``apply``. Build it with :func:`from_torch`."""
 
-    def __init__(self, module, programs, params, buffers, constants, aliases, torch_dtypes, dynamic_batch):
+    def __init__(self, module, programs, params, buffers, constants, aliases, torch_dtypes, dynamic_batch,
+                 conv_layout: str = "NCHW"):
         self.module = module
         self._programs = programs  # {True: train Program, False: eval Program}
         self.params: dict[str, jax.Array] = params
@@ -64,6 +69,7 @@ class BridgedModel:
         self.aliases: dict[str, str] = aliases  # tied name -> the params key that holds the array
         self._torch_dtypes = torch_dtypes
         self.dynamic_batch = dynamic_batch
+        self.conv_layout = conv_layout  # "NCHW" or "NHWC": the layout XLA convolves in (the graph is NCHW)
 
     def __repr__(self):
         n = sum(int(np.prod(v.shape)) for v in self.params.values())
@@ -89,7 +95,7 @@ class BridgedModel:
         except KeyError as e:
             raise KeyError(f"torch_bridge: apply got no value for {e.args[0]!r}; pass the dicts from "
                            "BridgedModel.params / .buffers (or trees with the same keys)") from None
-        flat = run_graph(prog.graph, placeholders, key)
+        flat = run_graph(prog.graph, placeholders, key, conv_layout=self.conv_layout)
         new_buffers, user = dict(buffers), []
         for (kind, name), value in zip(prog.outputs, flat):
             if kind == "buffer":  # keep dtypes stable so the buffers tree can be a jit carry
@@ -160,13 +166,21 @@ class BridgedModel:
 
 
 def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch: bool = False,
-               modes: tuple[bool, ...] = (True, False)) -> BridgedModel:
+               modes: tuple[bool, ...] = (True, False), conv_layout: str | None = None) -> BridgedModel:
     """Export ``module`` (train and eval graphs) and bind its weights; fails here, not mid-training, on missing ops.
 
     ``example_inputs`` is the positional input tuple (a lone tensor is accepted too). Without ``dynamic_batch`` the
     graphs are specialized to the example shapes; with it, dim 0 of every tensor input is symbolic. ``modes``
     picks the graphs to export (``(True,)``: the train graph only, for a module whose modes do not differ).
+    ``conv_layout`` ``"NHWC"`` makes convolutions on XLA's path run channels-last, transposed around each call
+    (outputs equal; the oneDNN path on CPU is channels-last already); ``None`` means ``"NHWC"`` when the module or
+    a submodule carries :data:`CHANNELS_LAST_ATTR` (the ChannelsLast method), else ``"NCHW"``.
     """
+    if conv_layout is None:
+        marked = any(getattr(m, CHANNELS_LAST_ATTR, False) for m in module.modules())
+        conv_layout = "NHWC" if marked else "NCHW"
+    if conv_layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"from_torch: conv_layout must be 'NCHW' or 'NHWC' (or None), got {conv_layout!r}")
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     eps = {mode: export.export_module(module, example_inputs, train=mode, dynamic_batch=dynamic_batch)
@@ -183,4 +197,4 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
                 aliases[name] = leaf
                 continue
         {"param": params, "buffer": buffers, "constant": constants}[kind][name] = jnp.asarray(to_numpy(tensor))
-    return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch)
+    return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch, conv_layout)

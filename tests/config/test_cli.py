@@ -63,4 +63,5 @@ def test_methods_name_prints_the_card(capsys):
     out = capsys.readouterr().out
     assert out.startswith("LabelSmoothing (label_smoothing)") and "**What it does.**" in out and "**Reference.**" in out
     assert main(["methods", "no_such_method"]) == 2
-    assert "known: augmix" in capsys.readouterr().err
+    known = capsys.readouterr().err.split("known: ")[1].strip().split(", ")
+    assert known == sorted(known) and {"augmix", "label_smoothing", "squeeze_excite"} <= set(known)

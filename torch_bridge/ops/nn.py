@@ -53,8 +53,8 @@ def _stats_dtype(x):
 
 
 # --------------------------------------------------------------------------------------------- conv / linear
-@lower(A.convolution.default)
-def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+@lower(A.convolution.default, conv_layout=True)
+def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups, *, conv_layout="NCHW"):
     nd = w.ndim - 2
     unbatched = x.ndim == nd + 1
     x = x[None] if unbatched else x
@@ -69,8 +69,8 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
         cin, cout_g = w.shape[:2]
         w = w.reshape((groups, cin // groups, cout_g) + k).swapaxes(1, 2).reshape((groups * cout_g, cin // groups) + k)
         w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
-        y = lax.conv_general_dilated(x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation,
-                                     dimension_numbers=dn, feature_group_count=groups)
+        y = _xla_conv(x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, groups=groups,
+                      conv_layout=conv_layout)
     else:
         if padding == "valid":
             pads = [(0, 0)] * nd
@@ -79,17 +79,37 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
         else:
             pads = [(p, p) for p in _tuple(padding, nd)]
         if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and kernels.available():
-            # oneDNN on CPU (torch's own kernels; ~2x XLA:CPU's), lax on other platforms
+            # oneDNN on CPU (torch's own kernels; ~2x XLA:CPU's; channels-last inside), lax on other platforms
             y = kernels.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
                                              feature_group_count=groups)
         elif _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
             y = _depthwise_by_taps(x, w, stride, pads, dilation)
         else:
-            y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
-                                         feature_group_count=groups)
+            y = _xla_conv(x, w, stride, pads, rhs_dilation=dilation, groups=groups, conv_layout=conv_layout)
     if b is not None:
         y = y + _channel(b, y.ndim)
     return y[0] if unbatched else y
+
+
+def _xla_conv(x, w, stride, pads, *, lhs_dilation=None, rhs_dilation, groups, conv_layout):
+    """``lax.conv_general_dilated`` of channels-first ``x`` (N, C, *spatial) and ``w`` (O, I, *spatial).
+
+    ``conv_layout="NHWC"`` (the ChannelsLast method) convolves channels-last instead, as Flax does: the input
+    becomes (N, *spatial, C) and the kernel (*spatial, I, O) before the call and the result goes back to
+    channels-first after it. The values are the same; XLA folds the transposes into the neighbouring ops, and the
+    convolution it sees asks for the channels-last layout GPU and TPU kernels prefer.
+    """
+    nd = w.ndim - 2
+    sp = _SPATIAL[nd]
+    if conv_layout == "NHWC":
+        spatial = tuple(range(2, nd + 2))
+        y = lax.conv_general_dilated(x.transpose((0,) + spatial + (1,)), w.transpose(spatial + (1, 0)), stride, pads,
+                                     lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                                     dimension_numbers=("N" + sp + "C", sp + "IO", "N" + sp + "C"),
+                                     feature_group_count=groups)
+        return y.transpose((0, nd + 1) + tuple(range(1, nd + 1)))
+    return lax.conv_general_dilated(x, w, stride, pads, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                                    dimension_numbers=("NC" + sp, "OI" + sp, "NC" + sp), feature_group_count=groups)
 
 
 def _out_size(size, pad, k, stride, dilation):
@@ -129,14 +149,15 @@ def _depthwise_by_taps(x, w, stride, pads, dilation):
     return y
 
 
-@lower(A.conv1d.default, A.conv1d.padding, A.conv2d.default, A.conv2d.padding, A.conv3d.default, A.conv3d.padding)
-def conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    return convolution(x, w, b, stride, padding, dilation, False, 0, groups)
+@lower(A.conv1d.default, A.conv1d.padding, A.conv2d.default, A.conv2d.padding, A.conv3d.default, A.conv3d.padding,
+       conv_layout=True)
+def conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, *, conv_layout="NCHW"):
+    return convolution(x, w, b, stride, padding, dilation, False, 0, groups, conv_layout=conv_layout)
 
 
-@lower(A.conv_transpose1d.default, A.conv_transpose2d.input, A.conv_transpose3d.input)
-def conv_transpose(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-    return convolution(x, w, b, stride, padding, dilation, True, output_padding, groups)
+@lower(A.conv_transpose1d.default, A.conv_transpose2d.input, A.conv_transpose3d.input, conv_layout=True)
+def conv_transpose(x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *, conv_layout="NCHW"):
+    return convolution(x, w, b, stride, padding, dilation, True, output_padding, groups, conv_layout=conv_layout)
 
 
 @lower(A.linear.default)

@@ -4,7 +4,9 @@ A lowering is a plain function that receives a node's arguments the way the expo
 where the graph has tensors, Python values (ints, floats, lists, ``torch.dtype``, ``None``) elsewhere, and keyword
 arguments by their ATen schema names. It returns a jax array, or a tuple/list of them for multi-output ops.
 Random ops are registered with ``random=True`` and receive a fresh key as the keyword ``key`` (a pure function of
-the caller's key and the node), so a bridged model owns no RNG state.
+the caller's key and the node), so a bridged model owns no RNG state. Convolutions are registered with
+``conv_layout=True`` and receive the model's convolution layout as the keyword ``conv_layout`` (``"NCHW"``, or
+``"NHWC"`` for a module marked channels-last: ``torch_bridge.module.from_torch``).
 
 Registration happens at import time, once, through ``@lower(...)``; a second registration of the same overload is
 an error (two files claiming one op is a bug to surface, not to resolve by import order). Lookups try the exact
@@ -24,12 +26,13 @@ import torch
 class Lowering:
     fn: Callable[..., Any]
     random: bool = False
+    conv_layout: bool = False  # receives the model's convolution layout as the keyword ``conv_layout``
 
 
 _TABLE: dict[Any, Lowering] = {}
 
 
-def lower(*ops, random: bool = False):
+def lower(*ops, random: bool = False, conv_layout: bool = False):
     """Register ``fn`` for each given ``torch.ops.aten`` overload or overload packet."""
 
     def register(fn):
@@ -37,7 +40,7 @@ def lower(*ops, random: bool = False):
             if op in _TABLE:
                 raise RuntimeError(f"torch_bridge: {op} is lowered twice ({_TABLE[op].fn.__module__}."
                                    f"{_TABLE[op].fn.__name__} and {fn.__module__}.{fn.__name__})")
-            _TABLE[op] = Lowering(fn, random)
+            _TABLE[op] = Lowering(fn, random, conv_layout)
         return fn
 
     return register

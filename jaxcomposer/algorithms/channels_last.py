@@ -1,0 +1,93 @@
+"""ChannelsLast.
+
+Method card
+-----------
+**What it does.** Makes convolutions compute on channels-last (NHWC) activations. On a torch module it does what
+Composer does, ``model.to(memory_format=torch.channels_last)``, and marks the module so that the torch bridge
+lowers its convolutions channels-last: on XLA's convolution path each NCHW convolution becomes a transpose of the
+activations to NHWC and of the kernel to HWIO, an NHWC convolution, and a transpose back, which XLA folds into the
+neighbouring ops. The graph, the parameters (OIHW) and the results stay as they were. Native NNX models are NHWC
+already: there it changes nothing and warns.
+
+**When it helps.** In torch eager on GPUs with tensor cores, where cuDNN's NHWC kernels skip the layout
+conversions NCHW needs (Composer's v0.10 README lists 1.5x time-to-train for ResNet-101 on 8xA100). Under XLA it
+is no faster where we could measure, because XLA assigns convolution layouts itself. Measured on CPU
+(``benchmarks/channels_last.py``, ``benchmarks/results/channels_last.json``; a bridged ``TorchResNetCIFAR``, the
+quickstart ResNet, batch 128 of 28x28x1, trained in the Trainer with XLA's convolutions, oneDNN off, 16
+interleaved rounds of 10 steps on a shared 2-core machine at load average 6-7): 56.4 ms per step without the
+switch and 55.5 ms with it in each side's best round, a median per-round speed ratio (with/without) of 0.98: no
+speedup, within noise. XLA:CPU convolves all 26 convolutions of the step channels-last
+(``dim_labels=b01f_01io->b01f``) either way; the switch only adds 18 transposes and 16 copies around them. With
+the bridge's default oneDNN kernels (CPU, float32 2-D convolutions) the switch changes nothing: they run
+channels-last already. It was not measured on a GPU (none was available); there, too, XLA's layout assignment
+picks cuDNN's layouts itself, so expect little.
+
+**Hyperparameters.** None.
+
+**Exact Composer semantics.** As ``composer/algorithms/channels_last``: the torch module's 4-D parameters and
+buffers are made channels-last (in place) once, at the start of training; the functional
+``apply_channels_last(model)`` does the same (and returns the model, where Composer returns ``None``). Additions:
+the bridge marker (see above), and a :class:`~jaxcomposer.algorithms.blurpool.NoEffectWarning` when the model has
+nothing to change: a native NNX model (always NHWC), or a torch module without ``nn.Conv*`` modules (Composer
+converts silently). Composer does not declare ``required_on_load``, and neither does this: the parameters and their
+names are unchanged, so a checkpoint loads with or without the method.
+
+**How it plugs in.** ``model`` slot, ``model(task, ctx) -> task`` (host, once, before the optimizer is built). A
+torch-sourced task is edited on its ``nn.Module`` before the bridge exports it, by the surgery torch_bridge registers
+under ``"ChannelsLast"`` (:func:`jaxcomposer.core.adapters.surgery`, :mod:`torch_bridge.methods.channels_last`), so
+this module never imports torch. That surgery sets ``torch_bridge.module.CHANNELS_LAST_ATTR`` on the module;
+``from_torch`` reads it (on the module or any submodule) and passes ``conv_layout="NHWC"`` to the convolution
+lowerings (``torch_bridge/ops/nn.py``). The oneDNN path (CPU, float32, 2-D) and the depthwise-by-taps path are
+unaffected; transposed convolutions and 1-D/3-D convolutions on XLA's path switch too.
+
+**Reference.** PyTorch, "(beta) Channels Last Memory Format in PyTorch" tutorial; NVIDIA, "Tensor Layouts In
+Memory: NCHW vs NHWC" (cuDNN developer guide). Composer: ``composer/algorithms/channels_last``.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from flax import nnx
+
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.core import adapters
+from jaxcomposer.core.method import Method, MethodEntry
+
+__all__ = ["ChannelsLast", "apply_channels_last"]
+
+
+def apply_channels_last(model: Any, *, inplace: bool | None = None):
+    """Composer's ``apply_channels_last(model)``.
+
+    A torch module is converted to ``torch.channels_last`` and marked for the bridge, in place, and returned. A
+    Flax NNX module is returned as it is (a clone unless ``inplace=True``, as other surgeries) with a
+    :class:`NoEffectWarning`: its convolutions are NHWC already. A torch module without convolutions warns too.
+    """
+    if isinstance(model, nnx.Module):
+        warnings.warn(NoEffectWarning(
+            f"ChannelsLast did not change {type(model).__name__}: Flax NNX convolutions compute in NHWC "
+            "(channels-last) already."), stacklevel=2)
+        return model if inplace else nnx.clone(model)
+    foreign = adapters.surgery("ChannelsLast", model)  # torch_bridge.methods.channels_last
+    if foreign is None:
+        raise TypeError(f"apply_channels_last: expected a flax.nnx.Module or a torch.nn.Module, "
+                        f"got {type(model).__name__}.")
+    new, n_convs = foreign(model)
+    if n_convs == 0:
+        warnings.warn(NoEffectWarning(
+            f"ChannelsLast did not change any convolution of {type(model).__name__}: it has no nn.Conv module."),
+            stacklevel=2)
+    return new
+
+
+def ChannelsLast() -> Method:
+    """Composer's ``ChannelsLast()`` as a :class:`Method` (``model`` slot)."""
+
+    def model_fn(task, ctx):  # in place, as Composer: the module the user passed is the trained one
+        return task.with_model(apply_channels_last(task.source, inplace=True))
+
+    return Method(name="ChannelsLast", model=model_fn, description="ChannelsLast()")
+
+
+ENTRY = MethodEntry(registry_name="channels_last", factory=ChannelsLast, functional=(apply_channels_last,))
