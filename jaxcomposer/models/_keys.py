@@ -5,13 +5,15 @@ import jax
 
 
 def split_dropout_keys(key: jax.Array | None, n: int, *, active: bool, where: str) -> list[jax.Array | None]:
-    """``n`` independent keys for ``n`` dropout sites, or ``n`` Nones when dropout is inactive.
+    """``n`` independent keys for ``n`` dropout sites from ``key``, or ``n`` Nones when there is no key.
 
-    Inactive means eval mode or rate 0: then ``key`` may be None. When dropout is active a missing key is an error
-    rather than a silent fallback, because the pure model must own all of its randomness.
+    Inactive dropout (eval mode or rate 0) may go without a key. When dropout is active a missing key is an error
+    rather than a silent fallback, because the pure model must own all of its randomness. A key given is always
+    split, active or not: a layer that replaced the model's dropout (GyroDropout) may need one where a rate-0
+    ``nnx.Dropout`` did not, and unused keys cost nothing under jit.
     """
-    if not active:
-        return [None] * n
     if key is None:
-        raise ValueError(f"{where}: train=True with dropout > 0 needs a PRNG key; pass key=jax.random.key(...).")
+        if active:
+            raise ValueError(f"{where}: train=True with dropout > 0 needs a PRNG key; pass key=jax.random.key(...).")
+        return [None] * n
     return list(jax.random.split(key, n))

@@ -169,6 +169,17 @@ def test_nnx_surgery_replaces_dropout_and_leaves_the_original():
     assert int(mlp.drop.training_step[...]) == 2  # called once per hidden layer, as Composer's counter
 
 
+def test_model_with_dropout_rate_zero_gets_a_key_for_its_replaced_dropout():
+    # ResNetCIFAR(dropout=0) has a rate-0 nnx.Dropout; the model still hands it a key, so GyroDropout can train
+    model = ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.0, rngs=nnx.Rngs(0))
+    new = apply_gyro_dropout(model, 10, 3, 0.5, 8, 4)
+    x = jnp.ones((8, 8, 8, 1))
+    train = nnx.jit(lambda m, x, key: m(x, train=True, key=key))
+    y = np.asarray(train(new, x, jax.random.PRNGKey(0)))
+    assert y.shape == (8, 10) and np.isfinite(y).all()
+    assert not np.allclose(y, np.asarray(train(model, x, jax.random.PRNGKey(0))))  # half the features dropped
+
+
 def test_torch_surgery_in_place():
     model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.1), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3))
     same = apply_gyro_dropout(model, 10, 2, 0.5, 8, 4)
