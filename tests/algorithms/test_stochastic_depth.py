@@ -90,8 +90,11 @@ def test_dropped_block_without_projection_is_identity_and_keeps_bn_stats(key):
     before = _leaves(stoch)
     x = jax.random.normal(key, (2, 5, 5, 4))
     np.testing.assert_array_equal(np.asarray(_forward(stoch, x, key, True)), np.asarray(x))
-    # nnx.cond: the skipped branch did not update its BatchNorm statistics (Composer does not run it)
+    # the dropped branch left its BatchNorm statistics as they were (Composer does not run it)
     assert all(np.array_equal(a, b) for a, b in zip(before, _leaves(stoch)))
+    kept = StochasticBasicBlock(BasicBlock(4, 4, 1, 0.9, False, rngs=nnx.Rngs(2)), 1e-6, "block")  # kept here
+    _forward(kept, x, key, True)
+    assert not all(np.array_equal(a, b) for a, b in zip(before, _leaves(kept)))  # a kept branch updates them
     with pytest.raises(ValueError, match="needs a PRNG key"):
         StochasticBasicBlock(BasicBlock(4, 4, 1, 0.9, False, rngs=nnx.Rngs(2)), 0.5, "block")(x, train=True)
 
