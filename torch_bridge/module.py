@@ -191,6 +191,10 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
     params, buffers, constants, aliases, dtypes, owner = {}, {}, {}, {}, {}, {}
     for name, (tensor, kind) in export.tensor_sources(list(eps.values())).items():
         dtypes[name] = tensor.dtype
+        if kind == "param" and not tensor.requires_grad:
+            # frozen (requires_grad=False): held like a constant, so it gets no gradient and no optimizer state,
+            # and to_torch leaves the module's tensor as it was
+            kind = "constant"
         if kind == "param":
             leaf = owner.setdefault(export.storage_key(tensor), name)
             if leaf != name:

@@ -212,3 +212,21 @@ def test_pure_model_carries_bridged_model():
     assert bm.as_pure_model().bridged is bm
     task = ComposerClassifier(mlp).bind({"input": np.zeros((3, 12), np.float32)})
     assert task.pure.bridged.module is mlp and task.pure.bridged.dynamic_batch
+
+
+def test_frozen_parameters_stay_frozen():
+    """``requires_grad=False`` (a frozen backbone, HF's frozen position tables): no gradient, no optimizer state,
+    and the user's module keeps the frozen values after fit, bit for bit, while the rest trains."""
+    torch.manual_seed(0)
+    module = TorchMLP(num_classes=NUM_CLASSES)
+    module.net[1].weight.requires_grad_(False)
+    frozen, trainable = module.net[1].weight.detach().clone(), module.net[3].weight.detach().clone()
+    train, _ = image_loaders(n_train=64)
+    trainer = Trainer(model=module, train_dataloader=train, max_duration="2ba", progress_bar=False, seed=0,
+                      optimizers=DecoupledSGDW(lr=0.1, momentum=0.9, weight_decay=1e-2))
+    params = trainer.state.train_state.params
+    assert "net.1.weight" not in params and {"net.1.bias", "net.3.weight"} <= set(params)
+    assert "net.1.weight" not in str(jax.tree_util.tree_structure(trainer.state.train_state.opt_state))
+    trainer.fit()
+    assert torch.equal(module.net[1].weight, frozen) and not module.net[1].weight.requires_grad
+    assert not torch.equal(module.net[3].weight, trainable)
