@@ -74,10 +74,13 @@ class UnsupportedOpError(JaxComposerError, NotImplementedError):
 
     def __init__(self, ops: dict[str, list[str]]):
         self.ops = ops  # each missing op's name -> the places (module path, class, source line) that use it
-        lines = ["torch_bridge: no JAX lowering for these ops (add them under torch_bridge/ops/):"]
+        lines = ["torch_bridge: no JAX lowering for these ops:"]
         for name, where in ops.items():
             lines.append(f"  {name}")
             lines.extend(f"      used by {w}" for w in where)
+        lines.append("What you can do: replace the modules that use them with ones built from supported ops "
+                     "(torch_bridge.ops.registry.supported(op) says whether one is), or report the missing ops to "
+                     "the jaxcomposer maintainers with this message.")
         super().__init__("\n".join(lines))
 
 

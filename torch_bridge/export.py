@@ -59,6 +59,17 @@ def _dynamic_shapes(example_inputs: tuple, module: torch.nn.Module | None = None
     return specs
 
 
+def _data_dependent(error: BaseException) -> bool:
+    """Whether an export failure (or what caused it) is a guard on a tensor's value, e.g. ``if x.sum() > 0``."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    while error is not None:
+        if isinstance(error, GuardOnDataDependentSymNode) or "data-dependent" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool, dynamic_batch: bool):
     with _mode(module, train), warnings.catch_warnings():
         # torch 2.13's own export internals deep-copy pytree specs and trip its LeafSpec deprecation warning
@@ -67,8 +78,10 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
             ep = torch.export.export(module, tuple(example_inputs),
                                      dynamic_shapes=_dynamic_shapes(example_inputs, module) if dynamic_batch else None)
         except Exception as e:
-            e.add_note(f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode. "
-                       "Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond.")
+            note = f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode."
+            if _data_dependent(e):  # the hint only where it applies: a guard on a tensor's value
+                note += " Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond."
+            e.add_note(note)
             raise
         return ep if functionalize.functionalize_in_place(ep) else ep.run_decompositions({})
 

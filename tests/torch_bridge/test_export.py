@@ -104,6 +104,18 @@ def test_data_dependent_control_flow_fails_with_a_hint():
     assert any("torch.cond" in note for note in getattr(info.value, "__notes__", []))
 
 
+def test_other_export_failures_get_no_control_flow_hint():
+    class Broken(nn.Module):
+        def forward(self, x):
+            return x @ torch.ones(5, 2)  # a shape error, not control flow
+
+    with pytest.raises(Exception) as info:
+        from_torch(Broken(), (torch.randn(3, 4),))
+    notes = getattr(info.value, "__notes__", [])
+    assert any("torch.export failed in train mode" in n for n in notes)
+    assert not any("torch.cond" in n for n in notes)
+
+
 def test_run_graph_feeds_placeholders_in_order():
     ep = export.export_module(nn.Linear(2, 3), (torch.randn(1, 2),), train=False, dynamic_batch=False)
     w, b, x = np.ones((3, 2), np.float32), np.arange(3, dtype=np.float32), np.ones((1, 2), np.float32)

@@ -221,4 +221,6 @@ def test_unsupported_op_raises_at_conversion():
     assert any("fft" in op for op in err.ops)
     message = str(err)
     assert "spec (Spectral)" in message and "torch.fft.rfft" in message
+    # advice a user can act on, not a pointer into the bridge's source tree
+    assert "What you can do" in message and "torch_bridge/ops/" not in message
     assert torch_bridge.UnsupportedOpError is UnsupportedOpError
