@@ -73,7 +73,7 @@ from jax import lax
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
-from jaxcomposer.algorithms.low_precision_layernorm import replace_norms
+from jaxcomposer.algorithms.low_precision_layernorm import layer_norm_as, replace_norms
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -177,14 +177,7 @@ class FusedLayerNormModule(nnx.LayerNorm):
     def from_layer_norm(cls, layer: nnx.LayerNorm) -> "FusedLayerNormModule":
         """The same settings, sharing ``layer``'s ``scale``/``bias`` variables."""
         check_fusable(layer)
-        new = cls(layer.num_features, epsilon=layer.epsilon, dtype=layer.dtype, param_dtype=layer.param_dtype,
-                  use_bias=False, use_scale=False, reduction_axes=layer.reduction_axes,
-                  feature_axes=layer.feature_axes, axis_name=layer.axis_name,
-                  axis_index_groups=layer.axis_index_groups, use_fast_variance=layer.use_fast_variance,
-                  promote_dtype=layer.promote_dtype, rngs=nnx.Rngs(0))
-        new.use_bias, new.use_scale = layer.use_bias, layer.use_scale
-        new.scale, new.bias = layer.scale, layer.bias
-        return new
+        return layer_norm_as(cls, layer)
 
     def __call__(self, x, *, mask=None):
         if mask is not None:

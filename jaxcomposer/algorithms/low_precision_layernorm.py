@@ -91,6 +91,19 @@ def _cast(v: Any, dtype) -> Any:
     return None if v is None else v.astype(dtype)
 
 
+def layer_norm_as(cls: type, layer: nnx.LayerNorm) -> nnx.LayerNorm:
+    """``layer`` rebuilt as its subclass ``cls``: the same settings, sharing ``layer``'s ``scale``/``bias``
+    variables (so parameter paths and values do not change)."""
+    new = cls(layer.num_features, epsilon=layer.epsilon, dtype=layer.dtype, param_dtype=layer.param_dtype,
+              use_bias=False, use_scale=False, reduction_axes=layer.reduction_axes,
+              feature_axes=layer.feature_axes, axis_name=layer.axis_name,
+              axis_index_groups=layer.axis_index_groups, use_fast_variance=layer.use_fast_variance,
+              promote_dtype=layer.promote_dtype, rngs=nnx.Rngs(0))
+    new.use_bias, new.use_scale = layer.use_bias, layer.use_scale
+    new.scale, new.bias = layer.scale, layer.bias
+    return new
+
+
 class LPLayerNorm(nnx.LayerNorm):
     """``nnx.LayerNorm`` computed in its parameters' dtype as they arrive (see :func:`compute_dtype`): input, scale
     and bias cast to it, statistics accumulated in float32 (as flax and torch do), the result in that dtype."""
@@ -98,14 +111,7 @@ class LPLayerNorm(nnx.LayerNorm):
     @classmethod
     def from_layer_norm(cls, layer: nnx.LayerNorm) -> "LPLayerNorm":
         """The same settings, sharing ``layer``'s ``scale``/``bias`` variables."""
-        new = cls(layer.num_features, epsilon=layer.epsilon, dtype=layer.dtype, param_dtype=layer.param_dtype,
-                  use_bias=False, use_scale=False, reduction_axes=layer.reduction_axes,
-                  feature_axes=layer.feature_axes, axis_name=layer.axis_name,
-                  axis_index_groups=layer.axis_index_groups, use_fast_variance=layer.use_fast_variance,
-                  promote_dtype=layer.promote_dtype, rngs=nnx.Rngs(0))
-        new.use_bias, new.use_scale = layer.use_bias, layer.use_scale
-        new.scale, new.bias = layer.scale, layer.bias
-        return new
+        return layer_norm_as(cls, layer)
 
     def __call__(self, x, *, mask=None):
         scale, bias = _values(self)
