@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -37,7 +38,7 @@ from jaxcomposer.optim import DecoupledSGDW, compose_schedules
 from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 
-
+_LR_TABLE_STEPS = 4096  # steps per host-side table of the LR multiplier (Trainer._lr_multiplier_on_host)
 
 
 def as_batch(batch: Any) -> dict:
@@ -208,8 +209,9 @@ class Trainer(ReadsPlan):
                                   ssr=self.scale_schedule_ratio, batch_size=batch_size,
                                   tokens_per_batch=tokens_per_batch)
         self.build_tx = steps.make_base_tx(self.optimizer, alpha, self.composed)
-        # jitted: LRMonitor may ask every batch
+        # the schedule the step compiles in, callable on the host (LR reads go through _lr_multiplier_on_host)
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
+        self._lr_tables: dict[int, np.ndarray] = {}
         self._train_steps: dict = {}
         self._eval_step = self._predict_step = None
         if getattr(self, "state", None) is not None:
@@ -517,7 +519,20 @@ class Trainer(ReadsPlan):
 
     def _lr_at(self, step: int) -> float | None:
         """The LR at ``step``; a Composer-style function scheduler contributes its latest value."""
-        return None if self.base_lr is None else float(self.base_lr * self.lr_multiplier(step) * self._host_lr)
+        if self.base_lr is None:
+            return None
+        return float(self.base_lr * self._lr_multiplier_on_host(step) * self._host_lr)
+
+    def _lr_multiplier_on_host(self, step: int) -> float:
+        """``lr_multiplier(step)`` read from a table computed ``_LR_TABLE_STEPS`` steps at a time. Asking the device
+        every batch (LRMonitor does) would wait for the train step in flight, since a device runs its work in
+        order: the host would lose its one-step lead and the next step could not be queued meanwhile."""
+        chunk, i = divmod(int(step), _LR_TABLE_STEPS)
+        table = self._lr_tables.get(chunk)
+        if table is None:
+            steps_in_chunk = jnp.arange(chunk * _LR_TABLE_STEPS, (chunk + 1) * _LR_TABLE_STEPS)
+            table = self._lr_tables[chunk] = np.asarray(jax.vmap(self.lr_multiplier)(steps_in_chunk))
+        return float(table[i])
 
     def _host_multiplier(self) -> float:
         """The product of the Composer-style function schedulers at the current state, as Composer's LambdaLR
