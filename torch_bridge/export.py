@@ -23,6 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from jaxcomposer.errors import UnsupportedOpError  # re-exported as torch_bridge.UnsupportedOpError
 
 from . import functionalize, interpreter
+from .ops import nn_instance_norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,10 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
                 note += " Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond."
             e.add_note(note)
             raise
-        return ep if functionalize.functionalize_in_place(ep) else ep.run_decompositions({})
+        if not functionalize.functionalize_in_place(ep):
+            ep = ep.run_decompositions({})
+        nn_instance_norm.track_instance_norm_stats(ep)  # a buffer update the export itself does not record
+        return ep
 
 
 def _where(node: torch.fx.Node) -> str:
