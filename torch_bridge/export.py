@@ -51,13 +51,43 @@ def _mode(module: torch.nn.Module, train: bool):
         module.train(was)
 
 
+def _batched(example_inputs: tuple) -> list[bool]:
+    """Which inputs carry the batch: tensors whose dim 0 is the first tensor input's (a shared ``(1, T)`` mask or a
+    lookup table with another leading size stays static)."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor) and x.ndim > 0]
+    size = tensors[0].shape[0] if tensors else None
+    return [isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == size for x in example_inputs]
+
+
 def _dynamic_shapes(example_inputs: tuple, module: torch.nn.Module | None = None):
+    """The ``dynamic_shapes`` spec that marks dim 0 of every batched input, laid out as ``forward``'s signature:
+    ``torch.export`` groups the arguments a ``*args`` parameter takes into one tuple, and the spec must match."""
     batch = torch.export.Dim("batch")
-    specs = tuple({0: batch} if isinstance(x, torch.Tensor) and x.ndim > 0 else None for x in example_inputs)
-    params = list(inspect.signature(module.forward).parameters.values()) if module is not None else []
-    if len(params) == 1 and params[0].kind == params[0].VAR_POSITIONAL:  # forward(*tensors): one varargs entry
-        return (specs,)
-    return specs
+    specs = [{0: batch} if b else None for b in _batched(example_inputs)]
+    try:
+        params = list(inspect.signature(module.forward).parameters.values()) if module is not None else []
+    except (TypeError, ValueError):  # a forward without a readable signature: flat, as the inputs are
+        params = []
+    out, i = [], 0
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            out.append(tuple(specs[i:]))
+            i = len(specs)
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and i < len(specs):
+            out.append(specs[i])
+            i += 1
+    return tuple(out) + tuple(specs[i:])
+
+
+def _widen_batch(example_inputs: tuple) -> tuple:
+    """Examples with a batch of 1 repeated to 2: torch.export specializes a dimension of size 0 or 1 to that size
+    (its "0/1 specialization"), so a batch-1 example (Composer's default DataLoader) could not export a graph for
+    other batch sizes. The values do not matter to the graph, only the shapes."""
+    batched = _batched(example_inputs)
+    if not any(batched) or next(x for x, b in zip(example_inputs, batched) if b).shape[0] > 1:
+        return example_inputs
+    return tuple(torch.cat([x, x]) if b else x for x, b in zip(example_inputs, batched))
 
 
 def _data_dependent(error: BaseException) -> bool:
@@ -76,6 +106,8 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
         # torch 2.13's own export internals deep-copy pytree specs and trip its LeafSpec deprecation warning
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         try:
+            if dynamic_batch:
+                example_inputs = _widen_batch(tuple(example_inputs))
             ep = torch.export.export(module, tuple(example_inputs),
                                      dynamic_shapes=_dynamic_shapes(example_inputs, module) if dynamic_batch else None)
         except Exception as e:

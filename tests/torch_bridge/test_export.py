@@ -2,6 +2,7 @@
 import copy
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.nn as nn
 import torch_bridge  # noqa: F401  registers the ops
 from torch_bridge import UnsupportedOpError, export, from_torch
 from torch_bridge.interpreter import can_run, run_graph
+from tests.torch_bridge.parity import LAYER_TOL, assert_close_on_scale
 
 
 class BNDrop(nn.Module):
@@ -211,3 +213,41 @@ def test_in_place_functionalization_equals_torch_and_run_decompositions(make, re
     same = (f_buf, d_buf) if make is BNDrop else ((f_out, f_buf), (d_out, d_buf))
     for a, b in zip(*map(jax.tree_util.tree_leaves, same)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+class _VarArgs(nn.Module):
+    """``forward(x, *extras)``: torch.export groups the extras into one tuple, and so must the dynamic-shapes spec."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x, *extras):
+        y = self.linear(x)
+        for e in extras:
+            y = y + e
+        return y
+
+
+@pytest.mark.parametrize("example_batch", [2, 1])  # 1: torch.export would specialize the batch to 1
+def test_dynamic_batch_with_varargs_and_batch_one_examples(example_batch):
+    module = _VarArgs()
+    g = torch.Generator().manual_seed(0)
+    example = (torch.randn(example_batch, 4, generator=g), torch.randn(example_batch, 3, generator=g),
+               torch.randn(example_batch, 3, generator=g))
+    bridged = from_torch(module, example, dynamic_batch=True)
+    for batch in (1, 3):
+        inputs = (torch.randn(batch, 4, generator=g), torch.randn(batch, 3, generator=g),
+                  torch.randn(batch, 3, generator=g))
+        out, _ = bridged.apply(bridged.params, bridged.buffers, None, *(jnp.asarray(x.numpy()) for x in inputs),
+                               train=True)
+        assert_close_on_scale(out, module(*inputs), LAYER_TOL, f"batch {batch}")
+
+
+def test_dynamic_shapes_follow_the_signature():
+    x, m = torch.randn(2, 4), torch.randn(1, 4)  # m: a shared (1, T) mask, not batched
+    spec = export._dynamic_shapes((x, x, m), _VarArgs())
+    assert spec[0] == {0: spec[1][0][0]} and isinstance(spec[1], tuple) and spec[1][1] is None
+    table = torch.randn(5, 4)  # dim 0 is not the batch's (the first tensor input's): left as it is
+    widened = export._widen_batch((x[:1], table))
+    assert widened[0].shape == (2, 4) and torch.equal(widened[0][1], x[0]) and widened[1] is table

@@ -230,3 +230,22 @@ def test_frozen_parameters_stay_frozen():
     trainer.fit()
     assert torch.equal(module.net[1].weight, frozen) and not module.net[1].weight.requires_grad
     assert not torch.equal(module.net[3].weight, trainable)
+
+
+def test_batch_size_one_dataloader_trains_and_evaluates_other_sizes():
+    """Composer's DataLoader default is batch_size=1. torch.export would pin a batch-1 example's batch dimension to
+    1; the bridge exports from a widened example instead, so the graph also takes the eval loader's batches of 7."""
+    torch.manual_seed(0)
+    module = make_cnn()
+    before = copy.deepcopy(module.state_dict())
+    x, y = quadrant_images(6, 0)
+    train = DataLoader(TensorDataset(x, y), batch_size=1)
+    evals = DataLoader(TensorDataset(*quadrant_images(7, 1)), batch_size=7)
+    trainer = Trainer(model=module, train_dataloader=train, eval_dataloader=evals, max_duration="6ba",
+                      optimizers=DecoupledSGDW(lr=0.05, momentum=0.9), progress_bar=False, seed=0,
+                      devices=jax.devices()[:1])  # a batch of 1 does not split over the tests' 2 fake devices
+    trainer.fit()
+    assert int(trainer.state.timestamp.sample) == 6
+    assert np.isfinite(trainer.state.eval_metrics["eval"]["MulticlassAccuracy"])
+    assert int(module.state_dict()["bn1.num_batches_tracked"]) == 6
+    assert not torch.equal(module.conv1.weight, before["conv1.weight"])  # the module holds the trained weights
