@@ -4,11 +4,12 @@
 every ATen op through the table in ``torch_bridge/ops`` and returns a :class:`BridgedModel` with flat
 ``params``/``buffers`` dicts and ``apply(params, buffers, key, *inputs, train=True) -> (outputs, new_buffers)``.
 """
-from .export import UnsupportedOpError
+from .export import HostRandomnessWarning, UnsupportedOpError
 from .module import BridgedModel, from_torch
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask
 
 # Importing an ops module registers its lowerings (shape also registers indexing; nn registers nn_pool).
 from .ops import creation, elementwise, loss, nn, reduction, shape  # noqa: E402,F401
 
-__all__ = ["from_torch", "BridgedModel", "ComposerModel", "HuggingFaceModel", "TorchComposerTask", "UnsupportedOpError"]
+__all__ = ["from_torch", "BridgedModel", "ComposerModel", "HuggingFaceModel", "TorchComposerTask", "UnsupportedOpError",
+           "HostRandomnessWarning"]

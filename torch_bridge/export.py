@@ -11,12 +11,14 @@ decomposition would turn it into matmul + softmax).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import dataclasses
+import inspect
+import random
 import warnings
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
@@ -101,6 +103,31 @@ def _data_dependent(error: BaseException) -> bool:
     return False
 
 
+class HostRandomnessWarning(UserWarning):
+    """A module's forward drew from numpy's or Python's global random generator while it was exported: the draw is
+    frozen into the graph, so every bridged step reuses it (``warnings.simplefilter('error', ...)`` to refuse)."""
+
+
+def _host_rng_state():
+    state = np.random.get_state()
+    return state[1].tobytes(), state[2], random.getstate()
+
+
+def _warn_host_randomness(ep, train: bool) -> None:
+    """Name the modules whose forward-time constants (``lifted_tensor``: made in forward, not held by the module)
+    hold the frozen draw; without any, the draw steered Python control flow, which no constant records."""
+    lifted = [s.target for s in ep.graph_signature.input_specs
+              if s.kind == InputKind.CONSTANT_TENSOR and "lifted_tensor" in s.target.rsplit(".", 1)[-1]]
+    owners = sorted({t.rsplit(".", 1)[0] if "." in t else "<root>" for t in lifted})
+    where = (f"the tensors it made in forward became constants of the graph (in module(s) {', '.join(owners)})"
+             if owners else "it steered Python control flow, which the graph records as the branch taken")
+    warnings.warn(HostRandomnessWarning(
+        f"torch_bridge: the module's forward drew from numpy's or Python's global random generator during the "
+        f"{'train' if train else 'eval'}-mode export; {where}, so every step reuses that one draw instead of "
+        "drawing anew (e.g. a SpecAugment mask made with np.random). Draw with torch instead (torch.rand, "
+        "torch.bernoulli, F.dropout): the bridge gives torch's random ops a fresh key every step."), stacklevel=3)
+
+
 def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool, dynamic_batch: bool):
     with _mode(module, train), warnings.catch_warnings():
         # torch 2.13's own export internals deep-copy pytree specs and trip its LeafSpec deprecation warning
@@ -108,14 +135,18 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
         try:
             if dynamic_batch:
                 example_inputs = _widen_batch(tuple(example_inputs))
+            rng_before = _host_rng_state()  # export runs forward's Python: a host draw moves these generators
             ep = torch.export.export(module, tuple(example_inputs),
                                      dynamic_shapes=_dynamic_shapes(example_inputs, module) if dynamic_batch else None)
+            host_random = _host_rng_state() != rng_before
         except Exception as e:
             note = f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode."
             if _data_dependent(e):  # the hint only where it applies: a guard on a tensor's value
                 note += " Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond."
             e.add_note(note)
             raise
+        if host_random:
+            _warn_host_randomness(ep, train)
         if not functionalize.functionalize_in_place(ep):
             ep = ep.run_decompositions({})
         nn_instance_norm.track_instance_norm_stats(ep)  # a buffer update the export itself does not record

@@ -251,3 +251,37 @@ def test_dynamic_shapes_follow_the_signature():
     table = torch.randn(5, 4)  # dim 0 is not the batch's (the first tensor input's): left as it is
     widened = export._widen_batch((x[:1], table))
     assert widened[0].shape == (2, 4) and torch.equal(widened[0][1], x[0]) and widened[1] is table
+
+
+class _NumpyMask(nn.Module):  # SpecAugment-style: the mask is drawn on the host at forward time
+    def forward(self, x):
+        import numpy
+        keep = numpy.random.rand(*x.shape) < 0.5
+        return x * torch.from_numpy(keep).to(x.dtype)
+
+
+class _PythonLayerDrop(nn.Module):  # LayerDrop with Python's random: the draw picks a branch
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        import random
+        return x if random.random() < 0.5 else self.linear(x)
+
+
+class _Deterministic(nn.Module):  # a forward-time constant and torch's own randomness: nothing frozen by accident
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, self.training) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+
+def test_host_randomness_in_forward_is_reported_with_the_module():
+    model = nn.Sequential(nn.Linear(4, 4), _NumpyMask())
+    with pytest.warns(torch_bridge.HostRandomnessWarning, match=r"module\(s\) 1\b.*np\.random"):
+        export.export_module(model, (torch.randn(2, 4),), train=True, dynamic_batch=False)
+    with pytest.warns(torch_bridge.HostRandomnessWarning, match="control flow"):
+        export.export_module(_PythonLayerDrop(), (torch.randn(2, 4),), train=True, dynamic_batch=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_bridge.HostRandomnessWarning)
+        export.export_module(_Deterministic(), (torch.randn(2, 4),), train=True, dynamic_batch=False)
