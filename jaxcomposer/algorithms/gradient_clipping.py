@@ -23,7 +23,10 @@ Method card
 (Linear ``(out, in)``, Conv ``(out, in, kh, kw)``) and Composer reduces over axes ``1..``; Flax stores them on the
 **last** axis (Dense ``(in, out)``, Conv ``(kh, kw, in, out)``), so we reduce over every axis except the last.
 Tensors with ``ndim <= 1`` (biases, scales, scalars) use one norm over the whole tensor, as Composer does.
-``unit_axis=0`` selects the torch layout (e.g. bridged torch models whose weights keep ``state_dict`` layout).
+In the Trainer the method reads the layout from the model (``ctx.model.unit_axis``): axis 0 for a bridged torch
+model, whose weights keep their ``state_dict`` layout, the last axis for NNX; ``unit_axis=`` forces one. The
+functional form on a pytree defaults to the Flax layout (``unit_axis=-1``); pass ``unit_axis=0`` for torch-layout
+trees.
 
 **When it helps.** ``'norm'`` is the standard guard against loss spikes (transformers: ``1.0``). ``'adaptive'``
 lets normalizer-free nets and large-batch training run at high learning rates (NFNets: ``thr=0.01``-``0.16``).
@@ -133,10 +136,18 @@ def clip_gradients(clipping_type: str, clipping_threshold: float, *, eps: float 
 
 
 def GradientClipping(clipping_type: str, clipping_threshold: float, *, eps: float = 1e-3,
-                     unit_axis: int = -1) -> Method:
-    """Composer's ``GradientClipping(clipping_type, clipping_threshold)`` as a :class:`Method` (``tx`` slot)."""
-    clip = clip_gradients(clipping_type, clipping_threshold, eps=eps, unit_axis=unit_axis)
-    return Method(name="GradientClipping", tx=lambda tx, ctx: optax.chain(clip, tx),
+                     unit_axis: int | None = None) -> Method:
+    """Composer's ``GradientClipping(clipping_type, clipping_threshold)`` as a :class:`Method` (``tx`` slot).
+
+    ``unit_axis=None`` takes the model's layout from the step (:attr:`ModelView.unit_axis`: 0 for a bridged torch
+    model, -1 for NNX); an int forces one axis for every weight."""
+    clip_gradients(clipping_type, clipping_threshold, eps=eps)  # validate now, not at trace time
+
+    def tx_fn(tx, ctx):
+        axis = ctx.model.unit_axis if unit_axis is None else unit_axis
+        return optax.chain(clip_gradients(clipping_type, clipping_threshold, eps=eps, unit_axis=axis), tx)
+
+    return Method(name="GradientClipping", tx=tx_fn,
                   description=f"GradientClipping(clipping_type={clipping_type!r}, "
                               f"clipping_threshold={clipping_threshold})")
 

@@ -63,11 +63,19 @@ class ModelView(NamedTuple):
     bridged torch models (memoized; it traces the forward once, on first call). ``per_example_loss(params,
     model_state, batch, key, *, train=True) -> (losses (B,), new_model_state)`` is the step's forward (at its
     precision) and composed loss, for wrappers that must score examples without a gradient (SelectiveBackprop);
-    None outside a train step.
+    None outside a train step. ``param_layout`` says where a weight keeps its output units: ``'flax'`` (NNX: the
+    last axis, Dense ``(in, out)``, Conv ``(kh, kw, in, out)``) or ``'torch'`` (a bridged torch model's
+    ``state_dict`` layout: axis 0, Linear ``(out, in)``, Conv ``(out, in, kh, kw)``).
     """
 
     param_order: Callable[[], tuple[tuple[str, ...], ...]] | None = None
     per_example_loss: Callable | None = None
+    param_layout: str = "flax"
+
+    @property
+    def unit_axis(self) -> int:
+        """The output-unit axis of a weight in this layout (``0`` torch, ``-1`` flax)."""
+        return 0 if self.param_layout == "torch" else -1
 
 
 class StepCtx(NamedTuple):

@@ -119,17 +119,17 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 
 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
-                    num_microbatches: int = 1, mesh=None, param_order: Callable | None = None) -> Callable:
+                    num_microbatches: int = 1, mesh=None, model_view: ModelView = ModelView()) -> Callable:
     """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
-    ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``param_order`` is the memoized
-    :attr:`ModelView.param_order` the methods see."""
+    ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``model_view`` is what the methods see of
+    the model (its memoized param order and its layout; the step adds ``per_example_loss``)."""
     data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
 
     def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
         ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
-                      model=ModelView(param_order=param_order))
+                      model=model_view)
         loss_fn = composed.wrap_loss(task.loss, ctx)
         per_example_loss = make_per_example_loss(task, loss_fn, precision)
         ctx = ctx._replace(model=ctx.model._replace(per_example_loss=per_example_loss))
@@ -201,11 +201,11 @@ def jit_eval_step(eval_step: Callable, mesh) -> Callable:
 
 
 def init_train_state(task, build_tx: Callable, composed: Composed, run: RunInfo, seed: int, mesh,
-                     param_order: Callable | None = None) -> TrainState:
+                     model_view: ModelView = ModelView()) -> TrainState:
     """The state before the first step; optimizer and method states are built with the step-0 ctx."""
     params, model_state = task.params, task.state
     key = jax.random.PRNGKey(seed)
-    ctx = StepCtx(step=0, key=jax.random.fold_in(key, 0), run=run, model=ModelView(param_order=param_order))
+    ctx = StepCtx(step=0, key=jax.random.fold_in(key, 0), run=run, model=model_view)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
                        opt_state=build_tx(ctx).init(params), extras=composed.init_extras(params, model_state, ctx),
                        key=key)

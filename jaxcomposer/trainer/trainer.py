@@ -157,6 +157,8 @@ class Trainer(ReadsPlan):
             self.task.bind(as_batch(raw))
         self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
             lambda: param_use_order(self.task.forward, self.task.params, self.task.state, self._example_batch()))
+        self.model_view = ModelView(param_order=self.param_order,
+                                    param_layout="torch" if self.task.pure.bridged is not None else "flax")
 
         callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
@@ -171,7 +173,7 @@ class Trainer(ReadsPlan):
         self.callbacks: list = callbacks + loggers
 
         state = steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info, self.seed, self.mesh,
-                                       self.param_order)
+                                       self.model_view)
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
@@ -477,7 +479,7 @@ class Trainer(ReadsPlan):
 
     def _host_ctx(self, step: int) -> StepCtx:
         """The ctx host-side slots (stage, data) and the LR monitor see at ``step``."""
-        return StepCtx(step=step, run=self.run_info, model=ModelView(param_order=self.param_order))
+        return StepCtx(step=step, run=self.run_info, model=self.model_view)
 
     def _since_mark(self) -> datetime.timedelta:
         """Wall time since the previous batch or epoch end: summed, the timestamp's ``total_wct`` is the fit's
@@ -553,7 +555,7 @@ class Trainer(ReadsPlan):
         if n not in self._train_steps:
             fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
                                        precision=self.precision, num_microbatches=n, mesh=self.mesh,
-                                       param_order=self.param_order)
+                                       model_view=self.model_view)
             self._train_steps[n] = steps.jit_train_step(fn, self.mesh)
         return self._train_steps[n]
 

@@ -249,3 +249,26 @@ def test_batch_size_one_dataloader_trains_and_evaluates_other_sizes():
     assert np.isfinite(trainer.state.eval_metrics["eval"]["MulticlassAccuracy"])
     assert int(module.state_dict()["bn1.num_batches_tracked"]) == 6
     assert not torch.equal(module.conv1.weight, before["conv1.weight"])  # the module holds the trained weights
+
+
+def test_adaptive_clipping_uses_torch_output_units_on_bridged_models():
+    """AGC clips per output unit: axis 0 of a torch Linear's (out, in) weight, where an NNX Dense keeps them last.
+    One plain SGD step in the Trainer must equal torch's gradient clipped with Composer's (out, in) rule."""
+    from jaxcomposer.algorithms import apply_gradient_clipping
+    torch.manual_seed(0)
+    module = TorchMLP(num_classes=NUM_CLASSES)
+    start = {k: v.detach().clone() for k, v in module.named_parameters()}
+    x, y = quadrant_images(16, 0)
+    trainer = Trainer(model=module, train_dataloader=DataLoader(TensorDataset(x, y), batch_size=16),
+                      max_duration="1ba", optimizers=DecoupledSGDW(lr=1.0, momentum=0.0), progress_bar=False,
+                      algorithms=[GradientClipping("adaptive", 0.01)], seed=0, devices=jax.devices()[:1])
+    assert trainer.model_view.param_layout == "torch"
+    reference = copy.deepcopy(module)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    grads = {k: p.grad.numpy() for k, p in reference.named_parameters()}
+    params = {k: v.numpy() for k, v in start.items()}
+    clipped = {axis: apply_gradient_clipping(grads, "adaptive", 0.01, params, unit_axis=axis) for axis in (0, -1)}
+    assert not np.allclose(clipped[0]["net.1.weight"], clipped[-1]["net.1.weight"])  # the axis matters here
+    trainer.fit()
+    for name, p in module.named_parameters():
+        assert_close_on_scale(start[name].numpy() - p.detach().numpy(), clipped[0][name], LAYER_TOL, name)
