@@ -3,7 +3,11 @@
 Under ``jax.jit`` every shape is static. Ops whose output shape depends on tensor *values* (``nonzero``,
 ``masked_select``, indexing with a boolean mask) cannot be traced; they raise ``NotImplementedError`` naming the op
 and the jittable alternative, unless the mask is a concrete (non-traced) array, where it is resolved eagerly.
-Out-of-range indices are not checked (torch raises; JAX clamps or drops), since values are unknown at trace time.
+Out-of-range indices: torch raises ``IndexError: index out of range in self``. Where the indices are concrete
+(an eager call) :func:`checked_rows` raises the same error; under ``jax.jit`` their values are unknown, so
+``embedding`` and ``index_select`` instead return NaN rows for an index outside ``[0, size)`` (negative ones
+included, which numpy-style indexing would wrap): a float model's loss turns non-finite and the Trainer stops
+there (``nonfinite='raise'``). Other gathers follow JAX's rules (clamp on read, drop on write).
 """
 from __future__ import annotations
 
@@ -78,11 +82,24 @@ def index_put(self, indices, values, accumulate=False):
     return at.add(values) if accumulate else at.set(values)
 
 
+def checked_rows(index, size: int, op: str):
+    """``index`` with every entry outside ``[0, size)`` sent past the end, where ``jnp.take``'s default ``fill``
+    mode gives NaN (floats); concrete out-of-range indices raise torch's error instead (module docstring)."""
+    if not isinstance(index, jax.core.Tracer):
+        bad = (np.asarray(index) < 0) | (np.asarray(index) >= size)
+        if bad.any():
+            found = np.asarray(index)[bad]
+            raise IndexError(f"index out of range in self ({op}: index {int(found[0])} with size {size}; "
+                             f"{int(bad.sum())} of {bad.size} indices outside [0, {size}))")
+    return jnp.where(index < 0, size, index)
+
+
 @lower(aten.index_select.default)
 def index_select(self, dim, index):
     if self.ndim == 0:
-        return jnp.take(self.reshape(1), index.reshape(-1)).reshape(index.shape)
-    return jnp.take(self, index.reshape(-1), axis=wrap_dim(dim, self.ndim))
+        return jnp.take(self.reshape(1), checked_rows(index.reshape(-1), 1, "index_select")).reshape(index.shape)
+    axis = wrap_dim(dim, self.ndim)
+    return jnp.take(self, checked_rows(index.reshape(-1), self.shape[axis], "index_select"), axis=axis)
 
 
 def _dim_index(ndim, dim, index):

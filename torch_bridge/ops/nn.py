@@ -18,6 +18,7 @@ from jax import lax
 import torch
 
 from .. import kernels
+from .indexing import checked_rows
 from .registry import lower, to_jnp_dtype
 
 A = torch.ops.aten
@@ -272,7 +273,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=Tr
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:
         raise NotImplementedError("torch_bridge: embedding(scale_grad_by_freq=True) is not lowered")
-    out = jnp.take(weight, indices, axis=0)
+    out = jnp.take(weight, checked_rows(indices, weight.shape[0], "embedding"), axis=0)  # NaN rows if out of range
     if padding_idx is not None and padding_idx >= 0:  # torch gives the padding row no gradient
         pad = (indices == padding_idx)[..., None]
         out = jnp.where(pad, lax.stop_gradient(out), out)
