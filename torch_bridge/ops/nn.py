@@ -417,3 +417,6 @@ def log_softmax(x, dim, dtype=None):
 
 
 from . import nn_pool  # noqa: E402,F401  pooling and padding live next door to keep both files short
+from . import nn_recurrent  # noqa: E402,F401
+from . import nn_resample  # noqa: E402,F401
+from . import nn_extra  # noqa: E402,F401
