@@ -121,6 +121,17 @@ for mode in (None, 0, 1, 2):
 row(cd, F32(3, 1, 4, 2), F32(5, 6, 2))                                   # broadcast batch dims
 row(cd, F32(4, 3), F32(6, 3), 1.5)
 row(ed, a, b)
+pdist = aten._pdist_forward.default
+twins = F32(6, 4)
+twins[3] = twins[1]  # a distance of exactly 0
+for p in (2.0, 1.0, float("inf"), 0.5):
+    row(pdist, twins, p)
+
+# reflection/replication pads live in nn_pool (beside aten.pad); their rows are here, with the other 3-D shapes
+PADS = [(f"{kind}_pad{nd}d", (2, 3, 5, 6, 7)[-(nd + 1):], [1, 2, 0, 1, 2, 1][:2 * nd])
+        for kind in ("reflection", "replication") for nd in (1, 2, 3)]
+for name, shape, pads in PADS:
+    row(getattr(aten, name).default, F32(*shape), pads)
 
 
 TABLE = JitTable(ROWS)
@@ -171,6 +182,10 @@ grad_row("cdist-mm-forced", cd, F32(2, 5, 3), F32(2, 4, 3), 2.0, 1, wrt=(0, 1))
 grad_row("cdist-broadcast", cd, F32(3, 1, 4, 2), F32(5, 6, 2), 2.0, wrt=(0, 1))
 grad_row("_cdist_forward", cdf, zero_a, zero_b, 2.0, 2, wrt=(0, 1))
 grad_row("_euclidean_dist", ed, F32(2, 5, 3), F32(2, 4, 3), wrt=(0, 1))
+for p in (2.0, 1.0, float("inf"), 0.5):
+    grad_row(f"pdist-p{p}", pdist, twins, p)
+for name, shape, pads in PADS:
+    grad_row(name, getattr(aten, name).default, F32(*shape), pads)
 
 
 @functools.cache
@@ -333,7 +348,7 @@ EXTRA_OPS = """
 _weight_norm.default _weight_norm_interface.default max_pool3d.default max_pool3d_with_indices.default
 avg_pool3d.default adaptive_avg_pool3d.default _adaptive_avg_pool3d.default adaptive_max_pool3d.default
 _embedding_bag.default _embedding_bag_forward_only.default embedding_bag.default embedding_bag.padding_idx
-cdist.default _cdist_forward.default _euclidean_dist.default
+cdist.default _cdist_forward.default _euclidean_dist.default _pdist_forward.default
 """.split()
 
 

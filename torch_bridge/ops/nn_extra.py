@@ -297,3 +297,13 @@ def cdist(x1, x2, p=2.0, compute_mode=None):
 @lower(A._cdist_forward.default)
 def _cdist_forward(x1, x2, p, compute_mode):
     return _cdist(x1, x2, p, compute_mode, "_cdist_forward")
+
+
+@lower(A._pdist_forward.default)
+def _pdist_forward(self, p=2.0):
+    """``F.pdist``: the distances of the row pairs ``i < j`` of an ``(N, M)`` input, row-major (torch's order),
+    always by the direct difference (torch's pdist has no matmul path)."""
+    if self.ndim != 2:
+        raise ValueError(f"torch_bridge: _pdist_forward needs an (N, M) input, got shape {self.shape}")
+    i, j = np.triu_indices(self.shape[0], k=1)
+    return _cdist(self[i][:, None, :], self[j][:, None, :], p, 2, "_pdist_forward")[:, 0, 0]

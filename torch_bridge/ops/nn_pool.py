@@ -166,3 +166,14 @@ def pad(x, pad, mode="constant", value=None):
     for i in range(len(pad) // 2):
         widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
     return jnp.pad(x, widths, mode=_PAD_MODES[mode])
+
+
+def _register_pads(mode: str, packet: str):
+    def padded(self, padding):  # the pad list's length (2 per padded dim) says how many trailing dims are padded
+        return pad(self, padding, mode)
+
+    lower(*(getattr(A, f"{packet}{nd}d").default for nd in (1, 2, 3)))(padded)
+
+
+_register_pads("reflect", "reflection_pad")  # what F.pad(mode='reflect') dispatches to once decomposed
+_register_pads("replicate", "replication_pad")
