@@ -1,4 +1,5 @@
-"""Model-zoo parity: CNN, ResNet-18/50-style, a tied-weight SDPA GPT, HF GPT-2 and BERT (with and without padding),
+"""Model-zoo parity: CNN, ResNet-18/50-style, a tied-weight SDPA GPT, HF GPT-2, BERT (with and without padding),
+Llama, T5 and ViT, and an LSTM classifier,
 each bridged with ``from_torch`` and compared against torch itself: eval forward, CE gradients (eval mode), BN
 buffers after a train forward, and the ``to_torch`` round trip after a few jitted optax SGD steps."""
 import copy

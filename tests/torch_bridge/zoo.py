@@ -193,6 +193,62 @@ class HFBert(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
 
+class HFLlama(nn.Module):
+    """``LlamaForCausalLM`` (RMSNorm, rotary positions, grouped-query attention, SwiGLU) returning ``.logits``."""
+
+    def __init__(self, vocab: int = 128):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+        self.model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=32))
+
+    def forward(self, input_ids):
+        return self.model(input_ids, use_cache=False).logits
+
+
+class HFT5(nn.Module):
+    """``T5ForConditionalGeneration`` (encoder-decoder, relative position buckets) on (input_ids, decoder ids)."""
+
+    def __init__(self, vocab: int = 128):
+        super().__init__()
+        from transformers import T5Config, T5ForConditionalGeneration
+        self.model = T5ForConditionalGeneration(T5Config(
+            vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0))
+
+    def forward(self, input_ids, decoder_input_ids):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, use_cache=False).logits
+
+
+class HFViT(nn.Module):
+    """``ViTForImageClassification`` on 16-px images in 4-px patches, returning ``.logits``."""
+
+    def __init__(self, num_labels: int = 10):
+        super().__init__()
+        from transformers import ViTConfig, ViTForImageClassification
+        self.model = ViTForImageClassification(ViTConfig(
+            image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, num_labels=num_labels))
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).logits
+
+
+class LSTMClassifier(nn.Module):
+    """Embedding, a 2-layer bidirectional ``nn.LSTM`` (one ``aten.lstm`` op, a scan per layer and direction in the
+    bridge) with inter-layer dropout, mean over time, linear head."""
+
+    def __init__(self, vocab: int = 64, num_classes: int = 5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 16)
+        self.rnn = nn.LSTM(16, 24, num_layers=2, bidirectional=True, batch_first=True, dropout=0.1)
+        self.head = nn.Linear(48, num_classes)
+
+    def forward(self, tokens):
+        out, _ = self.rnn(self.embed(tokens))
+        return self.head(out.mean(1))
+
+
 # ---------------------------------------------------------------------------------------------------- registry
 @dataclasses.dataclass(frozen=True)
 class ZooCase:
@@ -221,6 +277,11 @@ def _tokens(vocab, t):
     return lambda b: (torch.randint(0, vocab, (b, t), generator=_gen(3)),)
 
 
+def _seq2seq_tokens(vocab, t_in, t_out):
+    return lambda b: (torch.randint(0, vocab, (b, t_in), generator=_gen(3)),
+                      torch.randint(0, vocab, (b, t_out), generator=_gen(6)))
+
+
 def _padded_tokens(vocab, t):
     def make(b):
         ids = torch.randint(1, vocab, (b, t), generator=_gen(3))
@@ -247,6 +308,10 @@ ZOO: dict[str, ZooCase] = {
     "hf_gpt2": ZooCase(_seeded(HFGPT2), _tokens(128, 16), _token_targets(128, 16)),
     "hf_bert": ZooCase(_seeded(HFBert), _tokens(128, 16), _class_targets(3)),
     "hf_bert_mask": ZooCase(_seeded(HFBert), _padded_tokens(128, 16), _class_targets(3)),
+    "hf_llama": ZooCase(_seeded(HFLlama), _tokens(128, 16), _token_targets(128, 16)),
+    "hf_t5": ZooCase(_seeded(HFT5), _seq2seq_tokens(128, 12, 8), _token_targets(128, 8)),
+    "hf_vit": ZooCase(_seeded(HFViT), _images, _class_targets(10)),
+    "lstm": ZooCase(_seeded(LSTMClassifier), _tokens(64, 12), _class_targets(5)),
 }
 
 
