@@ -92,6 +92,11 @@ def _widen_batch(example_inputs: tuple) -> tuple:
     return tuple(torch.cat([x, x]) if b else x for x, b in zip(example_inputs, batched))
 
 
+def _layerdrop(module: torch.nn.Module) -> bool:
+    """Whether a Hugging Face model in ``module`` trains with LayerDrop (Wav2Vec2, HuBERT, Whisper, BART, ...)."""
+    return any(getattr(getattr(m, "config", None), "layerdrop", 0) or 0 for m in module.modules())
+
+
 def _data_dependent(error: BaseException) -> bool:
     """Whether an export failure (or what caused it) is a guard on a tensor's value, e.g. ``if x.sum() > 0``."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -143,6 +148,9 @@ def export_module(module: torch.nn.Module, example_inputs: tuple, *, train: bool
             note = f"torch_bridge: torch.export failed in {'train' if train else 'eval'} mode."
             if _data_dependent(e):  # the hint only where it applies: a guard on a tensor's value
                 note += " Value-dependent Python control flow (`if x.sum() > 0`) needs torch.cond."
+                if train and _layerdrop(module):
+                    note += (" This model uses LayerDrop (config.layerdrop > 0), which skips layers on a "
+                             "torch.rand draw in a Python `if`: set model.config.layerdrop = 0 to convert it.")
             e.add_note(note)
             raise
         if host_random:

@@ -106,6 +106,28 @@ def test_data_dependent_control_flow_fails_with_a_hint():
     assert any("torch.cond" in note for note in getattr(info.value, "__notes__", []))
 
 
+def test_layerdrop_failures_say_how_to_convert():
+    """Hugging Face LayerDrop (Wav2Vec2, Whisper, BART...) skips a layer when a torch.rand draw is below
+    config.layerdrop: a Python `if` on a tensor, which torch.export refuses in training mode."""
+    import types
+
+    class LayerDrop(nn.Module):
+        def __init__(self, layerdrop):
+            super().__init__()
+            self.config = types.SimpleNamespace(layerdrop=layerdrop)
+            self.layer = nn.Linear(3, 3)
+
+        def forward(self, x):
+            skip = self.training and self.config.layerdrop > 0 and torch.rand([]) < self.config.layerdrop
+            return x if skip else self.layer(x)
+
+    with pytest.raises(Exception) as info:
+        from_torch(LayerDrop(0.1), (torch.randn(2, 3),))
+    assert any("config.layerdrop = 0" in n for n in getattr(info.value, "__notes__", []))
+    bridged = from_torch(LayerDrop(0.0), (torch.randn(2, 3),))  # what the note suggests converts
+    assert "layer.weight" in bridged.params
+
+
 def test_other_export_failures_get_no_control_flow_hint():
     class Broken(nn.Module):
         def forward(self, x):
