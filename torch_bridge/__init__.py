@@ -9,7 +9,7 @@ from .module import BridgedModel, from_torch
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask
 
 # Importing an ops module registers its lowerings (shape also registers indexing; nn registers nn_pool).
-from .ops import creation, elementwise, loss, nn, reduction, shape  # noqa: E402,F401
+from .ops import creation, elementwise, loss, nn, reduction, shape, spectral  # noqa: E402,F401
 
 __all__ = ["from_torch", "BridgedModel", "ComposerModel", "HuggingFaceModel", "TorchComposerTask", "UnsupportedOpError",
            "HostRandomnessWarning"]

@@ -66,6 +66,7 @@ _DTYPES = {
     torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
     torch.int64: jnp.int32, torch.int32: jnp.int32, torch.int16: jnp.int16, torch.int8: jnp.int8,
     torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64, torch.complex128: jnp.complex64,  # spectral ops' intermediates
 }
 
 
@@ -86,6 +87,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     a = t.numpy()
     if a.dtype == np.float64:
         return a.astype(np.float32)
+    if a.dtype == np.complex128:
+        return a.astype(np.complex64)
     if a.dtype == np.int64:
         return a.astype(np.int32)
     return a
