@@ -102,6 +102,15 @@ def replace_module_classes(module: nn.Module, policies: Mapping[type, Replacemen
     return new_module, replaced
 
 
+def copy_affine(source: nn.Module, target: nn.Module) -> nn.Module:
+    """A norm layer's ``weight`` and ``bias`` (those it has) copied into its replacement; returns ``target``."""
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            if getattr(source, name, None) is not None:
+                getattr(target, name).copy_(getattr(source, name))
+    return target
+
+
 def count_module_instances(module: nn.Module, module_class) -> int:
     """Distinct descendants of ``module`` (not the root) that are instances of ``module_class`` (Composer's)."""
     return len({id(m) for m in module.modules() if m is not module and isinstance(m, module_class)})

@@ -17,7 +17,7 @@ from torch import nn
 
 from jaxcomposer.algorithms.fused_layernorm import fused_layer_norm
 from torch_bridge.ops.registry import lower
-from torch_bridge.surgery import count_module_instances, replace_module_classes
+from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
 
 __all__ = ["FusedLayerNorm", "apply_fused_layernorm_torch", "from_layer_norm"]
 
@@ -58,12 +58,7 @@ def from_layer_norm(layer: nn.Module, module_index: int) -> FusedLayerNorm:
     new = FusedLayerNorm(layer.normalized_shape, layer.eps, layer.elementwise_affine, bias=layer.bias is not None,
                          device=device, dtype=dtype)
     new.train(layer.training)
-    with torch.no_grad():
-        if layer.weight is not None:
-            new.weight.copy_(layer.weight)
-        if layer.bias is not None:
-            new.bias.copy_(layer.bias)
-    return new
+    return copy_affine(layer, new)
 
 
 def apply_fused_layernorm_torch(model: nn.Module):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_bridge.methods.low_precision_layernorm import cast_if_autocast_enabled
-from torch_bridge.surgery import count_module_instances, replace_module_classes
+from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
 
 
 class LPGroupNorm(nn.GroupNorm):
@@ -28,12 +28,7 @@ def to_lp_groupnorm(layer: nn.Module, module_index: int) -> LPGroupNorm:
         raise TypeError(f"LowPrecisionGroupNorm: expected torch.nn.GroupNorm, got {type(layer).__name__}")
     new = LPGroupNorm(layer.num_groups, layer.num_channels, layer.eps, layer.affine,
                       device=layer.weight.device if layer.weight is not None else None)
-    with torch.no_grad():
-        if layer.weight is not None:
-            new.weight.copy_(layer.weight)
-        if layer.bias is not None:
-            new.bias.copy_(layer.bias)
-    return new
+    return copy_affine(layer, new)
 
 
 def apply_low_precision_groupnorm_torch(model: nn.Module):

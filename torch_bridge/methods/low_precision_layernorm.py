@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_bridge.surgery import count_module_instances, replace_module_classes
+from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
 
 
 def cast_if_autocast_enabled(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -36,12 +36,7 @@ def to_lp_layernorm(layer: nn.Module, module_index: int) -> LPLayerNorm:
         raise TypeError(f"LowPrecisionLayerNorm: expected torch.nn.LayerNorm, got {type(layer).__name__}")
     new = LPLayerNorm(layer.normalized_shape, layer.eps, layer.elementwise_affine, bias=layer.bias is not None,
                       device=layer.weight.device if layer.weight is not None else None)
-    with torch.no_grad():
-        if layer.weight is not None:
-            new.weight.copy_(layer.weight)
-        if layer.bias is not None:
-            new.bias.copy_(layer.bias)
-    return new
+    return copy_affine(layer, new)
 
 
 def apply_low_precision_layernorm_torch(model: nn.Module):
