@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -168,20 +170,22 @@ assert agreement >= 0.999, agreement
 
 # %% [markdown]
 # ## Unsupported ops fail at conversion time, and say where
-# A module whose forward uses an op with no JAX lowering (here `torch.fft.rfft`) is refused by `from_torch`, before
+# A module whose forward uses an op with no JAX lowering (here `torch.linalg.qr`) is refused by `from_torch`, before
 # anything is compiled or trained; the error names each missing ATen op and the module and source line using it.
 
 # %%
-class Spectral(nn.Module):
+class Orthogonalize(nn.Module):
     def __init__(self):
         super().__init__()
-        self.proj = nn.Linear(9, 4)
+        self.proj = nn.Linear(16, 4)
 
     def forward(self, x):
-        return self.proj(torch.fft.rfft(x, dim=-1).abs())
+        return self.proj(torch.linalg.qr(x.T)[0].T)
 
 
 try:
-    torch_bridge.from_torch(Spectral(), (torch.randn(2, 16),))
+    torch_bridge.from_torch(Orthogonalize(), (torch.randn(2, 16),))
 except torch_bridge.UnsupportedOpError as e:
     print(e)
+else:
+    raise AssertionError("from_torch should have refused torch.linalg.qr")

@@ -199,15 +199,15 @@ def test_structured_outputs_and_constants():
     bm.to_torch(bm.params, bm.buffers)  # strict load works without the non-persistent buffer
 
 
-class Spectral(nn.Module):
+class Orthogonalize(nn.Module):  # linear algebra decompositions are not lowered
     def forward(self, x):
-        return torch.fft.rfft(x).abs()
+        return torch.linalg.qr(x)[0]
 
 
-class UsesFFT(nn.Module):
+class UsesQR(nn.Module):
     def __init__(self):
         super().__init__()
-        self.lin, self.spec = nn.Linear(8, 8), Spectral()
+        self.lin, self.spec = nn.Linear(8, 8), Orthogonalize()
 
     def forward(self, x):
         return self.spec(self.lin(x))
@@ -215,12 +215,12 @@ class UsesFFT(nn.Module):
 
 def test_unsupported_op_raises_at_conversion():
     with pytest.raises(UnsupportedOpError) as info:
-        from_torch(UsesFFT(), (torch.randn(2, 8),))
+        from_torch(UsesQR(), (torch.randn(2, 8),))
     err = info.value
     assert isinstance(err, NotImplementedError)
-    assert any("fft" in op for op in err.ops)
+    assert any("qr" in op for op in err.ops)
     message = str(err)
-    assert "spec (Spectral)" in message and "torch.fft.rfft" in message
+    assert "spec (Orthogonalize)" in message and "torch.linalg.qr" in message
     # advice a user can act on, not a pointer into the bridge's source tree
     assert "What you can do" in message and "torch_bridge/ops/" not in message
     assert torch_bridge.UnsupportedOpError is UnsupportedOpError
