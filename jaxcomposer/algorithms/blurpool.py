@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core import adapters
 
@@ -133,15 +134,6 @@ def _is_strided_conv2d(m: Any, min_channels: int) -> bool:
     return max(strides) > 1 and m.in_features >= min_channels
 
 
-def _set_child(parent: Any, key: Any, value: Any) -> None:
-    if isinstance(parent, nnx.List):
-        parent[int(key)] = value
-    elif isinstance(parent, nnx.Module):
-        setattr(parent, str(key), value)
-    else:  # a plain list/dict graph node
-        parent[key] = value
-
-
 def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool, min_channels: int,
                         inplace: bool = False):
     """Swap the eligible convs of ``model`` (``inplace``) or of a clone of it for :class:`BlurConv`;
@@ -152,27 +144,11 @@ def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool
     new = model if inplace else nnx.clone(model)
     if not replace_convs:
         return new, 0
-    # Every (parent, key) reference of each conv, in a depth-first walk: a conv shared by two parents is replaced
-    # by one BlurConv in both places (Composer's surgery does the same).
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if _is_strided_conv2d(child, min_channels):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, (nnx.Variable, BlurConv)):  # a BlurConv's own conv is not blurred twice
-                walk(child)
-
-    walk(new)
-    for conv, parents in refs.values():
-        replacement = BlurConv(conv, blur_first)  # ``conv`` is already the clone's own object
-        for parent, key in parents:
-            _set_child(parent, key, replacement)
-    return new, len(refs)
+    # a conv shared by two parents becomes one BlurConv in both (Composer's surgery does the same); a BlurConv's
+    # own conv is not blurred twice
+    n = replace_modules(new, lambda m: _is_strided_conv2d(m, min_channels), lambda conv, i: BlurConv(conv, blur_first),
+                        skip=(BlurConv,))
+    return new, n
 
 
 def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int,

@@ -53,6 +53,7 @@ import jax
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -138,37 +139,7 @@ class FactorizedLinear(nnx.Module):
         return self.module1(self.module0(x))
 
 
-def _set_child(parent: Any, key: Any, value: Any) -> None:
-    if isinstance(parent, nnx.List):
-        parent[int(key)] = value
-    elif isinstance(parent, nnx.Module):
-        setattr(parent, str(key), value)
-    else:  # a plain list/dict graph node
-        parent[key] = value
-
-
-def _replace_nnx(model: nnx.Module, wanted, make) -> int:
-    """Replace each module ``wanted(m)`` selects by ``make(m)`` everywhere it is referenced; the number replaced.
-    Factorized modules are not entered (their parts are never factorized again)."""
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if wanted(child):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, (nnx.Variable, FactorizedConv, FactorizedLinear)):
-                walk(child)
-
-    walk(model)
-    for module, parents in refs.values():
-        replacement = make(module)
-        for parent, key in parents:
-            _set_child(parent, key, replacement)
-    return len(refs)
+_FACTORIZED = (FactorizedConv, FactorizedLinear)  # their parts are never factorized again
 
 
 def _factorize_nnx(model: nnx.Module, factorize_convs: bool, factorize_linears: bool, min_channels: int,
@@ -179,12 +150,13 @@ def _factorize_nnx(model: nnx.Module, factorize_convs: bool, factorize_linears: 
             return (isinstance(m, nnx.Conv) and len(tuple(m.kernel_size)) == 2
                     and min(m.in_features, m.out_features) >= min_channels
                     and factorizing_could_speedup(m, latent_channels))
-        _replace_nnx(model, wanted_conv, lambda m: FactorizedConv(m, latent_channels, rngs=rngs))
+        replace_modules(model, wanted_conv, lambda m, i: FactorizedConv(m, latent_channels, rngs=rngs), skip=_FACTORIZED)
     if factorize_linears:
         def wanted_linear(m):
             return (isinstance(m, nnx.Linear) and min(m.in_features, m.out_features) >= min_features
                     and factorizing_could_speedup(m, latent_features))
-        _replace_nnx(model, wanted_linear, lambda m: FactorizedLinear(m, latent_features, rngs=rngs))
+        replace_modules(model, wanted_linear, lambda m, i: FactorizedLinear(m, latent_features, rngs=rngs),
+                        skip=_FACTORIZED)
 
 
 def _check_latent(value: Any, name: str, where: str) -> float:

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -119,35 +120,11 @@ class GhostBatchNormModule(nnx.Module):
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
-def _set_child(parent: Any, key: Any, value: Any) -> None:
-    if isinstance(parent, nnx.List):
-        parent[int(key)] = value
-    elif isinstance(parent, nnx.Module):
-        setattr(parent, str(key), value)
-    else:  # a plain list/dict graph node
-        parent[key] = value
-
-
 def _apply_nnx(model: nnx.Module, ghost_batch_size: int, inplace: bool) -> nnx.Module:
     new = model if inplace else nnx.clone(model)
-    refs: dict[int, tuple[nnx.BatchNorm, list]] = {}  # a BatchNorm shared by two parents gets one wrapper
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if isinstance(child, nnx.BatchNorm):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, (nnx.Variable, GhostBatchNormModule)):  # never wrap twice
-                walk(child)
-
-    walk(new)
-    wrappers = [(GhostBatchNormModule(bn, ghost_batch_size), parents) for bn, parents in refs.values()]
-    for wrapper, parents in wrappers:  # all built (and checked) before the first edit
-        for parent, key in parents:
-            _set_child(parent, key, wrapper)
+    # a BatchNorm shared by two parents gets one wrapper; every wrapper is built (and checked) before the first edit
+    replace_modules(new, lambda m: isinstance(m, nnx.BatchNorm),
+                    lambda bn, i: GhostBatchNormModule(bn, ghost_batch_size), skip=(GhostBatchNormModule,))
     return new
 
 

@@ -62,7 +62,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning, _set_child
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -141,25 +142,10 @@ class GyroDropoutLayer(nnx.Module):
 
 def _apply_nnx(model: nnx.Module, total_iters: float, p: float, sigma: int, tau: int, inplace: bool):
     new = model if inplace else nnx.clone(model)
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if isinstance(child, nnx.Dropout):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, nnx.Variable):
-                walk(child)
-
-    walk(new)
-    for dropout, parents in refs.values():
-        layer = GyroDropoutLayer(total_iters, 1, p, sigma, tau, deterministic=dropout.deterministic)
-        for parent, key in parents:  # a dropout shared by two parents stays one (shared) layer
-            _set_child(parent, key, layer)
-    return new, len(refs)
+    # a dropout shared by two parents stays one (shared) layer
+    n = replace_modules(new, lambda m: isinstance(m, nnx.Dropout), lambda dropout, i: GyroDropoutLayer(
+        total_iters, 1, p, sigma, tau, deterministic=dropout.deterministic))
+    return new, n
 
 
 def _apply(model: Any, total_iters: float, p: float, sigma: int, tau: int, inplace: bool):

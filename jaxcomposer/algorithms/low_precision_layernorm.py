@@ -56,7 +56,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.normalization import _compute_stats, _normalize
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning, _set_child
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -127,24 +128,8 @@ def replace_norms(model: nnx.Module, norm_type: type, lp_type: type, convert: Ca
     ``lp_type`` becomes ``convert(norm)``, in every parent that holds it. As BlurPool, the count is of the result,
     so a model converted before does not warn again."""
     new = model if inplace else nnx.clone(model)
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if isinstance(child, norm_type) and not isinstance(child, lp_type):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, nnx.Variable):
-                walk(child)
-
-    walk(new)
-    for norm, parents in refs.values():
-        replacement = convert(norm)
-        for parent, key in parents:
-            _set_child(parent, key, replacement)
+    replace_modules(new, lambda m: isinstance(m, norm_type) and not isinstance(m, lp_type),
+                    lambda norm, i: convert(norm))
     return new, sum(isinstance(m, lp_type) for _, m in nnx.iter_graph(new))
 
 

@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning, _set_child
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -103,25 +104,9 @@ def _is_eligible_conv(m: Any, min_channels: int) -> bool:
 
 def _apply_nnx(model: nnx.Module, latent_channels: float, min_channels: int, inplace: bool) -> nnx.Module:
     new = model if inplace else nnx.clone(model)
-    # every (parent, key) reference of each eligible conv, depth first: a shared conv gets one SE block everywhere
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if _is_eligible_conv(child, min_channels):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            elif not isinstance(child, (nnx.Variable, SqueezeExciteConv)):  # no second SE on a wrapped conv
-                walk(child)
-
-    walk(new)
-    for index, (conv, parents) in enumerate(refs.values()):
-        wrapped = SqueezeExciteConv(conv, latent_channels, rngs=nnx.Rngs(index))
-        for parent, key in parents:
-            _set_child(parent, key, wrapped)
+    # a shared conv gets one SE block everywhere; no second SE on a wrapped conv
+    replace_modules(new, lambda m: _is_eligible_conv(m, min_channels),
+                    lambda conv, i: SqueezeExciteConv(conv, latent_channels, rngs=nnx.Rngs(i)), skip=(SqueezeExciteConv,))
     return new
 
 

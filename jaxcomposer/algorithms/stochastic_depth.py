@@ -69,7 +69,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning, _set_child
+from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import find_modules, replace_found
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core.model import param_path
@@ -162,26 +163,10 @@ def _apply_nnx(model: nnx.Module, target_layer_name: str, stochastic_method: str
     target, stochastic = _NNX_TARGETS[target_layer_name]
     # every (parent, key) of each target block, in module order (depth first, children in order, as
     # torch's modules()): the order Composer's module_index counts in
-    refs: dict[int, tuple[Any, list]] = {}
-    seen: set[int] = set()
-
-    def walk(node):
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for key, child in nnx.iter_children(node):
-            if isinstance(child, target):
-                refs.setdefault(id(child), (child, []))[1].append((node, key))
-            if not isinstance(child, nnx.Variable):
-                walk(child)
-
-    walk(new)
-    rates = layer_drop_rates(len(refs), drop_rate, drop_distribution)
-    for (block, parents), rate in zip(refs.values(), rates):
-        replacement = stochastic(block, rate, stochastic_method, warmup)
-        for parent, key in parents:
-            _set_child(parent, key, replacement)
-    return new, len(refs)
+    blocks = find_modules(new, lambda m: isinstance(m, target), enter_matches=True)
+    rates = layer_drop_rates(len(blocks), drop_rate, drop_distribution)
+    n = replace_found(blocks, lambda block, i: stochastic(block, rates[i], stochastic_method, warmup))
+    return new, n
 
 
 def _validate(target_layer_name, stochastic_method, drop_rate, drop_distribution) -> None:

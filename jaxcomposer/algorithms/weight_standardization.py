@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.nnx_surgery import set_child as _set_child
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -108,15 +109,6 @@ def _convs_in_definition_order(model: nnx.Module) -> list[tuple[Any, Any, nnx.Co
 
     walk(model)
     return out
-
-
-def _set_child(parent: Any, key: Any, value: Any) -> None:
-    if isinstance(parent, nnx.List):
-        parent[int(key)] = value
-    elif isinstance(parent, nnx.Module):
-        setattr(parent, str(key), value)
-    else:  # a plain list/dict graph node
-        parent[key] = value
 
 
 def _standardize_nnx(model: nnx.Module, n_last_layers_ignore: int) -> int:
