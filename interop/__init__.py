@@ -1,7 +1,8 @@
 """interop: conversion between torch ``state_dict``s and jaxcomposer's native NNX models, and torch mirrors of them.
 
-- :mod:`interop.torch_weights`: exact, shape-checked ``state_dict`` <-> NNX weight tables for the native
-  ``MLP``, ``ResNetCIFAR`` and ``GPT`` (``nnx_to_torch_state_dict``, ``torch_state_dict_to_nnx``).
+- :mod:`interop.torch_weights`: exact, shape-checked ``state_dict`` <-> NNX weight tables for the native models
+  (``MLP``, ``ResNetCIFAR``, the torchvision ResNets, GPT/GPT-2, BERT, ViT): ``from_torch_state_dict`` (a name or
+  module, and a state dict or a ``.pt``/``.safetensors`` file) and ``to_torch_state_dict``.
 - :mod:`interop.torch_mirrors`: plain PyTorch modules that compute the same functions as those native models,
   with the same module names (``TorchMLP``, ``TorchResNetCIFAR``, ``TorchGPT``).
 

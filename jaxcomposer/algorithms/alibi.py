@@ -40,6 +40,9 @@ attention (BERT) ``-m_h * |i - j|``; the bias is added to the scaled logits befo
 - Torch: HF GPT-2 (``GPT2Model``, ``GPT2Attention``) and our ``interop`` ``TorchGPT`` twin. HF's ``GPT2Attention``
   no longer has Composer's ``_attn`` (transformers 5), so its ``forward`` is replaced by one computing eager
   attention with the bias. HF BERT is not converted yet.
+- Native BERT (:class:`jaxcomposer.models.BERT`): as Composer's HF BERT surgery: ``embeddings.position_embeddings``
+  zeroed and frozen with ``max_sequence_length`` rows (``max_position_embeddings`` becomes it), and every
+  ``BertAttention.attention_bias`` an :class:`AlibiBias` with ``symmetric=True`` (``-m_h * |i - j|``).
 - ``optimizers`` is accepted and ignored: our optimizer is built after the ``model`` slot.
 - On a torch-sourced task the reshape is refused (``ValueError`` from the ``model`` slot, before anything
   compiles): the bridge exports the model once, for the loader's sequence length. Use
@@ -94,14 +97,18 @@ def alibi_head_slopes(n_heads: int) -> list[float]:
 @dataclasses.dataclass(frozen=True)
 class AlibiBias:
     """``t -> (1, n_heads, t, t)`` float32 bias ``-slope_h * (i - j)`` for causal attention (the future half is
-    masked by the attention itself). Frozen and compared by value, so it is a static, hashable part of the
-    module's graph (``CausalSelfAttention.attention_bias``)."""
+    masked by the attention itself), or ``-slope_h * |i - j|`` with ``symmetric=True`` for bidirectional attention
+    (BERT). Frozen and compared by value, so it is a static, hashable part of the module's graph
+    (``CausalSelfAttention.attention_bias``, ``BertAttention.attention_bias``)."""
 
     slopes: tuple[float, ...]
+    symmetric: bool = False
 
     def __call__(self, t: int) -> jax.Array:
         pos = jnp.arange(t, dtype=jnp.float32)
         distance = pos[:, None] - pos[None, :]  # query i minus key j
+        if self.symmetric:
+            distance = jnp.abs(distance)
         return -jnp.asarray(self.slopes, jnp.float32)[None, :, None, None] * distance[None, None]
 
 
@@ -111,7 +118,8 @@ class FrozenPositionEmbedding(nnx.Variable):
 
 
 def _apply_nnx(model: nnx.Module, max_sequence_length: int, inplace: bool):
-    from jaxcomposer.models.gpt import GPT, CausalSelfAttention  # the native attention we know
+    from jaxcomposer.models.bert import BERT, BertAttention  # the native attentions we know
+    from jaxcomposer.models.gpt import GPT, CausalSelfAttention
 
     new = model if inplace else nnx.clone(model)
     count = 0
@@ -123,6 +131,15 @@ def _apply_nnx(model: nnx.Module, max_sequence_length: int, inplace: bool):
             m.seq_len = max_sequence_length  # lifts the GPT's length check: positions come from the bias now
         elif isinstance(m, CausalSelfAttention) and not isinstance(m.attention_bias, AlibiBias):
             m.attention_bias = AlibiBias(tuple(alibi_head_slopes(m.n_heads)))
+            count += 1
+        elif isinstance(m, BERT):
+            emb = m.embeddings.position_embeddings
+            emb.embedding = FrozenPositionEmbedding(jnp.zeros((max_sequence_length, emb.features),
+                                                              emb.embedding.dtype))
+            emb.num_embeddings = max_sequence_length
+            m.max_position_embeddings = max_sequence_length  # lifts BERT's length check, as for the GPT
+        elif isinstance(m, BertAttention) and not isinstance(m.attention_bias, AlibiBias):
+            m.attention_bias = AlibiBias(tuple(alibi_head_slopes(m.n_heads)), symmetric=True)
             count += 1
     return new, count
 
@@ -147,7 +164,7 @@ def apply_alibi(model: Any, max_sequence_length: int, optimizers: Any = None, *,
     max_sequence_length = _check_max_sequence_length(max_sequence_length, "apply_alibi")
     if isinstance(model, nnx.Module):
         new, count = _apply_nnx(model, max_sequence_length, bool(inplace))
-        what = "no GPT CausalSelfAttention"
+        what = "no GPT CausalSelfAttention or BERT BertAttention"
     else:
         foreign = adapters.surgery("Alibi", model)  # torch_bridge's torch surgery
         if foreign is None:

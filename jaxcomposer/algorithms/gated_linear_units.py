@@ -12,7 +12,8 @@ the default bias-free gate layers; a BERT layer's intermediate bias is dropped t
 at a small throughput cost). No effect on models without transformer MLPs: then it warns.
 
 **Hyperparameters** (Composer's names and defaults). ``act_fn=None`` (the model's own MLP activation: our GPT's
-``Block.mlp_act``, GELU-tanh; BERT's ``BertIntermediate.intermediate_act_fn``; GPT-2's ``GPT2MLP.act``);
+``Block.mlp_act``, GELU-tanh; our BERT's ``BertIntermediate.act``, exact GELU; HF BERT's
+``BertIntermediate.intermediate_act_fn``; GPT-2's ``GPT2MLP.act``);
 ``gated_layer_bias=False``; ``non_gated_layer_bias=False``. Addition: ``seed=0``, keyword-only, seeds the new layers'
 initialization on NNX models (Composer draws from torch's global generator; our ``model`` slot has no key).
 
@@ -31,6 +32,10 @@ Differences, each for a reason:
   and applies its residual dropout after the MLP, so :class:`GatedFFOutput` has no LayerNorm, residual or inner
   dropout (BERT's post-LN and residual live in ``BertOutput``, which is why Composer's layer carries them). New
   layers use Composer's (torch's default) init, not the GPT's normal(0.02).
+- Native BERT (:class:`jaxcomposer.models.BERT`): exactly Composer's surgery on HF BERT: ``intermediate`` ->
+  ``Identity`` and ``output`` -> :class:`BERTGatedFFOutput` (``gated_layer``, ``non_gated_layer``, ``wo``,
+  ``layernorm``; the output's dropout rate and LayerNorm eps kept), which takes the residual as BERT's output does.
+  Weight conversion to HF (``interop.torch_weights``) has no table for the surgered layers.
 - GPT-2 (torch): ``GPT2MLP`` -> :class:`torch_bridge.methods.gated_linear_units.GatedGPT2MLP`
   (``wo(act(gated(x)) * non_gated(x))`` then GPT-2's residual dropout), fresh layers with torch's default init.
   Our torch twin ``interop.torch_mirrors.TorchGPT`` is converted as the native GPT is (same parameter names).
@@ -62,7 +67,8 @@ from jaxcomposer.algorithms.blurpool import NoEffectWarning
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
-__all__ = ["GatedLinearUnits", "GatedFFOutput", "Identity", "apply_gated_linear_units", "identity"]
+__all__ = ["GatedLinearUnits", "GatedFFOutput", "BERTGatedFFOutput", "Identity", "apply_gated_linear_units",
+           "identity"]
 
 
 def identity(x: jax.Array) -> jax.Array:
@@ -107,6 +113,33 @@ class GatedFFOutput(nnx.Module):
         return self.wo(self.act(self.gated_layer(x)) * self.non_gated_layer(x))
 
 
+class BERTGatedFFOutput(nnx.Module):
+    """Composer's ``BERTGatedFFOutput`` for our BERT's ``BertLayer.output``:
+    ``layernorm(wo(dropout(act(gated_layer(x)) * non_gated_layer(x))) + residual)``. Fresh layers, torch's default
+    init (LayerNorm: ones and zeros)."""
+
+    def __init__(self, d_embed: int, d_ff: int, dropout_rate: float, act_fn: Callable[[jax.Array], jax.Array],
+                 layernorm_eps: float, gated_layer_bias: bool = False, non_gated_layer_bias: bool = False, *,
+                 rngs: nnx.Rngs):
+        self.gated_layer = _linear(d_embed, d_ff, gated_layer_bias, rngs)
+        self.non_gated_layer = _linear(d_embed, d_ff, non_gated_layer_bias, rngs)
+        self.wo = _linear(d_ff, d_embed, True, rngs)
+        self.dropout = nnx.Dropout(dropout_rate)
+        self.layernorm = nnx.LayerNorm(d_embed, epsilon=layernorm_eps, rngs=rngs)
+        self.act = act_fn
+
+    def __call__(self, h: jax.Array, residual: jax.Array, *, train: bool, key) -> jax.Array:
+        h = self.dropout(self.act(self.gated_layer(h)) * self.non_gated_layer(h), deterministic=not train, rngs=key)
+        return self.layernorm(self.wo(h) + residual)
+
+
+def _bert_layers(model: nnx.Module) -> list:
+    """Our BERT's layers still holding a plain ``BertIntermediate`` and ``BertOutput``, in graph order."""
+    from jaxcomposer.models.bert import BertIntermediate, BertLayer, BertOutput
+    return [m for _, m in nnx.iter_graph(model) if isinstance(m, BertLayer)
+            and isinstance(m.intermediate, BertIntermediate) and isinstance(m.output, BertOutput)]
+
+
 def _gpt_blocks(model: nnx.Module) -> list:
     """Our GPT's blocks still holding a plain MLP (``fc`` a Linear and ``fc_proj`` a Linear), in graph order."""
     from jaxcomposer.models.gpt import Block  # the one native transformer MLP we know
@@ -114,8 +147,8 @@ def _gpt_blocks(model: nnx.Module) -> list:
             if isinstance(m, Block) and isinstance(m.fc, nnx.Linear) and isinstance(m.fc_proj, nnx.Linear)]
 
 
-def _default_act_fn(blocks: list) -> Callable:
-    acts = {b.mlp_act for b in blocks}
+def _default_act_fn(blocks: list, layers: list = ()) -> Callable:
+    acts = {b.mlp_act for b in blocks} | {layer.intermediate.act for layer in layers}
     if len(acts) > 1:
         raise ValueError(f"GatedLinearUnits: the model's MLPs use {len(acts)} different activations "
                          f"({sorted(getattr(a, '__name__', repr(a)) for a in acts)}); pass act_fn explicitly.")
@@ -125,17 +158,22 @@ def _default_act_fn(blocks: list) -> Callable:
 def _apply_nnx(model: nnx.Module, act_fn, gated_layer_bias: bool, non_gated_layer_bias: bool, inplace: bool,
                seed: int):
     new = model if inplace else nnx.clone(model)
-    blocks = _gpt_blocks(new)
-    if not blocks:
+    blocks, layers = _gpt_blocks(new), _bert_layers(new)
+    if not blocks and not layers:
         return new, 0
-    act = _default_act_fn(blocks) if act_fn is None else act_fn
+    act = _default_act_fn(blocks, layers) if act_fn is None else act_fn
     rngs = nnx.Rngs(seed)
+    for layer in layers:
+        d_embed, d_ff = layer.intermediate.dense.in_features, layer.intermediate.dense.out_features
+        layer.output = BERTGatedFFOutput(d_embed, d_ff, layer.output.drop.rate, act, layer.output.ln.epsilon,
+                                         gated_layer_bias, non_gated_layer_bias, rngs=rngs)
+        layer.intermediate = Identity()
     for block in blocks:
         d_embed, d_ff = block.fc.in_features, block.fc.out_features
         block.fc_proj = GatedFFOutput(d_embed, d_ff, act, gated_layer_bias, non_gated_layer_bias, rngs=rngs)
         block.fc = Identity()
         block.mlp_act = identity
-    return new, len(blocks)
+    return new, len(blocks) + len(layers)
 
 
 def apply_gated_linear_units(model: Any, optimizers: Any = None, act_fn: Callable | None = None,
@@ -155,7 +193,7 @@ def apply_gated_linear_units(model: Any, optimizers: Any = None, act_fn: Callabl
     if isinstance(model, nnx.Module):
         new, count = _apply_nnx(model, act_fn, bool(gated_layer_bias), bool(non_gated_layer_bias),
                                 bool(inplace), int(seed))
-        what = "no GPT Block with a plain fc/fc_proj MLP"
+        what = "no GPT Block with a plain fc/fc_proj MLP or BERT layer with a plain intermediate/output"
     else:
         foreign = adapters.surgery("GatedLinearUnits", model)  # torch_bridge's torch surgery
         if foreign is None:

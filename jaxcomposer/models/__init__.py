@@ -7,11 +7,14 @@ import jax
 from flax import nnx
 
 from jaxcomposer.core.model import PureModel
-from jaxcomposer.models.gpt import GPT
+from jaxcomposer.models.bert import BERT, BERT_SIZES, bert
+from jaxcomposer.models.gpt import GPT, GPT2_SIZES, gpt2
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
-from jaxcomposer.models.resnet_imagenet import ResNetImageNet, resnet50
-from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.models.resnet_imagenet import (ResNetImageNet, resnet, resnet18, resnet34, resnet50, resnet101,
+                                                resnet152)
+from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier, ComposerMaskedLM
+from jaxcomposer.models.vit import VIT_SIZES, ViT, vit
 
 
 # A config's ``model.name`` -> the model class; its constructor's keywords are the config keys.
@@ -29,5 +32,7 @@ def num_params(model: Any) -> int:
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-__all__ = ["BUILDERS", "GPT", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet50", "ComposerClassifier",
-           "ComposerCausalLM", "num_params"]
+__all__ = ["BUILDERS", "GPT", "GPT2_SIZES", "gpt2", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet",
+           "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "ComposerClassifier",
+           "ComposerCausalLM", "num_params", "ViT", "VIT_SIZES", "vit", "BERT", "BERT_SIZES", "bert",
+           "ComposerMaskedLM"]

@@ -77,6 +77,20 @@ class GPT(nnx.Module):
     scaled by ``1/sqrt(2 * n_layers)`` so the residual stream's variance does not grow with depth.
     """
 
+    # logical axes of each parameter (jaxcomposer.models.sharding); "heads" is the fused head * head-size width
+    PARTITION_RULES = (
+        (r"wte/embedding", ("vocab", "embed")),
+        (r"wpe/embedding", ("positions", "embed")),
+        (r".*attn/qkv/kernel", ("embed", "heads")),
+        (r".*attn/qkv/bias", ("heads",)),
+        (r".*attn/proj/kernel", ("heads", "embed")),
+        (r".*/fc/kernel", ("embed", "mlp")),
+        (r".*/fc/bias", ("mlp",)),
+        (r".*/fc_proj/kernel", ("mlp", "embed")),
+        (r"lm_head/kernel", ("embed", "vocab")),
+        (r".*(ln1|ln2|ln_f|proj|fc_proj)/(scale|bias)", ("embed",)),
+    )
+
     def __init__(self, vocab_size: int = 256, seq_len: int = 128, d_model: int = 128, n_layers: int = 4,
                  n_heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0, tie_embeddings: bool = True,
                  attention_impl: str | None = None, *, rngs: nnx.Rngs):
@@ -110,3 +124,30 @@ class GPT(nnx.Module):
         x = self.ln_f(x)
         logits = self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
         return logits.astype(jnp.float32)
+
+
+# Hugging Face's GPT-2 shapes: name -> (d_model, n_layers, n_heads, parameter count with tied embeddings)
+GPT2_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "gpt2": (768, 12, 12, 124_439_808),
+    "gpt2-medium": (1024, 24, 16, 354_823_168),
+    "gpt2-large": (1280, 36, 20, 774_030_080),
+    "gpt2-xl": (1600, 48, 25, 1_557_611_200),
+}
+GPT2_VOCAB, GPT2_CONTEXT = 50257, 1024
+
+
+def gpt2(size: str = "gpt2", *, rngs: nnx.Rngs | None = None, seed: int = 0, **kwargs) -> GPT:
+    """GPT-2 (Radford et al. 2019) in the shapes of Hugging Face's ``GPT2LMHeadModel``: ``gpt2()`` is the 124M
+    model, ``gpt2("gpt2-medium")`` the 355M one (``GPT2_SIZES``). Byte-pair vocabulary of 50,257, 1,024
+    positions, tied LM head, pre-LN blocks with GELU (tanh); ``interop.torch_weights`` reads and writes Hugging
+    Face's state dicts. Other keywords go to :class:`GPT` (``seq_len=256`` for shorter training contexts keeps
+    the first 256 position rows when loading weights only if you slice them yourself; dropout, attention_impl).
+
+    Differences from Hugging Face's module: no dropout on the attention probabilities (see :class:`GPT`), and
+    attention through ``jax.nn.dot_product_attention``.
+    """
+    if size not in GPT2_SIZES:
+        raise ValueError(f"gpt2: size must be one of {list(GPT2_SIZES)}, got {size!r}.")
+    d_model, n_layers, n_heads, _ = GPT2_SIZES[size]
+    return GPT(**{"vocab_size": GPT2_VOCAB, "seq_len": GPT2_CONTEXT, "d_model": d_model, "n_layers": n_layers,
+                  "n_heads": n_heads, **kwargs}, rngs=rngs if rngs is not None else nnx.Rngs(seed))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcomposer.core import adapters
 from jaxcomposer.core.model import Batch, Task, soft_cross_entropy
 from jaxcomposer.metrics import (CrossEntropy, LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric,
                                  MulticlassAccuracy)
@@ -17,6 +18,15 @@ def _infer_num_classes(module: Any) -> int | None:
     """The head width when the model says it (our native models carry ``num_classes``); None otherwise."""
     n = getattr(module, "num_classes", None) if isinstance(module, nnx.Module) else None
     return n if isinstance(n, int) else None
+
+
+def masked_sequence_ce(logits: jax.Array, targets: jax.Array, ignore_index: int) -> jax.Array:
+    """Each sequence's mean cross-entropy over its positions whose target is not ``ignore_index``: ``(B,)``
+    (a sequence with none contributes 0)."""
+    mask = targets != ignore_index
+    ce = soft_cross_entropy(logits, jnp.where(mask, targets, 0))  # (B, T)
+    m = mask.astype(jnp.float32)
+    return (ce * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
 
 
 class ComposerClassifier(Task):
@@ -80,11 +90,7 @@ class ComposerCausalLM(Task):
         return targets
 
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
-        targets = self._targets(outputs, batch)
-        mask = targets != self.ignore_index
-        ce = soft_cross_entropy(outputs, jnp.where(mask, targets, 0))  # (B, T)
-        m = mask.astype(jnp.float32)
-        return (ce * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+        return masked_sequence_ce(outputs, self._targets(outputs, batch), self.ignore_index)
 
     def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
         return dict(self.eval_metrics)
@@ -95,3 +101,53 @@ class ComposerCausalLM(Task):
     def num_tokens(self, batch: Batch) -> int:
         b, t1 = batch[self.input_key].shape
         return int(b * (t1 - 1))
+
+
+class ComposerMaskedLM(Task):
+    """Masked-LM pretraining (BERT): batch ``{'input_ids': (B, T) int, 'attention_mask': (B, T), 'labels': (B, T)}``
+    with ``labels`` the original token at masked positions and ``ignore_index`` (-100) elsewhere, as Hugging Face's
+    ``DataCollatorForLanguageModeling`` (or :func:`jaxcomposer.data.mlm.mask_tokens`) produces them.
+
+    The model is called with one mapping ``{'input_ids', 'attention_mask', 'token_type_ids'}`` (those present;
+    :class:`jaxcomposer.models.BERT` accepts it) because the pure-model protocol passes a single input; a torch
+    module gets ``input_ids`` only. The training loss is each sequence's mean cross-entropy over its masked
+    positions (a sequence without any contributes 0); Hugging Face's loss is the mean over all masked tokens of the
+    batch, which weights sequences by their number of masked tokens. ``eval_metrics`` default to
+    ``LanguageCrossEntropy`` and ``MaskedAccuracy``, per masked token over the whole evaluation, as Composer's.
+    """
+
+    input_key = "input_ids"
+    target_key = "labels"
+    model_input_keys = ("input_ids", "attention_mask", "token_type_ids")
+
+    def __init__(self, module: Any, ignore_index: int = -100, *,
+                 eval_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
+        super().__init__(module)
+        self.ignore_index = ignore_index
+        if eval_metrics is None:
+            eval_metrics = [LanguageCrossEntropy(ignore_index), MaskedAccuracy(ignore_index)]
+        self.eval_metrics = check_metrics(eval_metrics, "ComposerMaskedLM(eval_metrics=...)")
+
+    def model_inputs(self, batch: Batch):
+        if adapters.is_foreign_model(self.source):
+            return batch[self.input_key]
+        return {k: batch[k] for k in self.model_input_keys if k in batch}
+
+    def _targets(self, logits: jax.Array, batch: Batch) -> jax.Array:
+        targets = batch[self.target_key]
+        if targets.shape != logits.shape[:2]:
+            raise ValueError(f"ComposerMaskedLM: batch['labels'] {targets.shape} must match the logits' "
+                             f"(batch, sequence) axes {logits.shape[:2]}.")
+        return targets
+
+    def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
+        return masked_sequence_ce(outputs, self._targets(outputs, batch), self.ignore_index)
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        return dict(self.eval_metrics)
+
+    def metric_inputs(self, outputs, batch: Batch):
+        return outputs, self._targets(outputs, batch)
+
+    def num_tokens(self, batch: Batch) -> int:
+        return int(batch[self.input_key].size)
