@@ -33,8 +33,9 @@ reads nothing from the ctx; docs/design.md, "Methods and slots"). A torch-source
 ``nn.Module`` *before* the bridge exports it, so the exported graph contains the blur; that surgery is the one
 torch_bridge's adapter registers under the name ``"BlurPool"`` (:func:`jaxcomposer.core.adapters.surgery`), so this
 module never imports torch. A Flax NNX model is cloned and its strided ``nnx.Conv`` submodules (2-D, NHWC) are
-swapped for :class:`BlurConv`; NNX has no max-pool *module* (pooling is a function), so ``replace_maxpools`` has
-nothing to replace on NNX models. Parameter paths of replaced convs gain a ``conv`` segment
+swapped for :class:`BlurConv`, and its max-pool modules (:class:`jaxcomposer.models.resnet_imagenet.MaxPool2d`,
+the ImageNet ResNets' stem pool) for :class:`BlurMaxPool2d`; pooling written as a plain function call (as in the
+CIFAR ResNet, which has none) is invisible to surgery. Parameter paths of replaced convs gain a ``conv`` segment
 (``blocks/1/conv1/conv/kernel``; torch: ``layer.conv.weight``), so checkpoints of the surgered model need BlurPool
 in the recipe (Composer's ``required_on_load``).
 
@@ -53,8 +54,9 @@ from flax import nnx
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core import adapters
+from jaxcomposer.models.resnet_imagenet import MaxPool2d
 
-__all__ = ["BlurPool", "BlurConv", "NoEffectWarning", "apply_blurpool", "blur_2d"]
+__all__ = ["BlurPool", "BlurConv", "BlurMaxPool2d", "NoEffectWarning", "apply_blurpool", "blur_2d"]
 
 
 class NoEffectWarning(UserWarning):
@@ -125,6 +127,17 @@ class BlurConv(nnx.Module):
         return blur_2d(self.conv(x, *args, **kwargs), self.blur_stride)
 
 
+class BlurMaxPool2d(nnx.Module):
+    """Composer's ``BlurMaxPool2d`` on NHWC: the wrapped max-pool with stride 1, then :func:`blur_2d` with the
+    pool's stride (Zhang 2019's "MaxBlurPool")."""
+
+    def __init__(self, pool: MaxPool2d):
+        self.pool = pool
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return blur_2d(self.pool(x, stride=1), self.pool.stride)
+
+
 def _is_strided_conv2d(m: Any, min_channels: int) -> bool:
     if not isinstance(m, nnx.Conv):
         return False
@@ -134,29 +147,34 @@ def _is_strided_conv2d(m: Any, min_channels: int) -> bool:
     return max(strides) > 1 and m.in_features >= min_channels
 
 
-def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, blur_first: bool, min_channels: int,
-                        inplace: bool = False):
-    """Swap the eligible convs of ``model`` (``inplace``) or of a clone of it for :class:`BlurConv`;
-    ``(model or the clone, n_replaced)``.
+def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, replace_maxpools: bool, blur_first: bool,
+                        min_channels: int, inplace: bool = False):
+    """Swap the eligible convs of ``model`` (``inplace``) or of a clone of it for :class:`BlurConv` and its
+    max-pools for :class:`BlurMaxPool2d`; ``(model or the clone, n_replaced)``.
 
     Convs already inside a :class:`BlurConv` are left alone, so applying BlurPool twice does not blur twice.
     """
     new = model if inplace else nnx.clone(model)
-    if not replace_convs:
-        return new, 0
-    # a conv shared by two parents becomes one BlurConv in both (Composer's surgery does the same); a BlurConv's
-    # own conv is not blurred twice
-    n = replace_modules(new, lambda m: _is_strided_conv2d(m, min_channels), lambda conv, i: BlurConv(conv, blur_first),
-                        skip=(BlurConv,))
+    n = 0
+    if replace_maxpools:  # every max-pool, as Composer's surgery replaces every MaxPool2d
+        n += replace_modules(new, lambda m: isinstance(m, MaxPool2d), lambda pool, i: BlurMaxPool2d(pool),
+                             skip=(BlurMaxPool2d,))
+    if replace_convs:
+        # a conv shared by two parents becomes one BlurConv in both (Composer's surgery does the same); a BlurConv's
+        # own conv is not blurred twice
+        n += replace_modules(new, lambda m: _is_strided_conv2d(m, min_channels),
+                             lambda conv, i: BlurConv(conv, blur_first), skip=(BlurConv,))
     return new, n
 
 
 def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int,
            nnx_inplace: bool):
     if isinstance(model, nnx.Module):
-        new, _ = _apply_blurpool_nnx(model, replace_convs, blur_first, min_channels, inplace=nnx_inplace)
+        new, _ = _apply_blurpool_nnx(model, replace_convs, replace_maxpools, blur_first, min_channels,
+                                     inplace=nnx_inplace)
         # As Composer, count the blur layers in the result (a model blurred before does not warn again).
-        return new, 0, sum(isinstance(m, BlurConv) for _, m in nnx.iter_graph(new))
+        layers = [m for _, m in nnx.iter_graph(new)]
+        return new, sum(isinstance(m, BlurMaxPool2d) for m in layers), sum(isinstance(m, BlurConv) for m in layers)
     foreign = adapters.surgery("BlurPool", model)  # torch_bridge registers the torch layers under this name
     if foreign is not None:
         return foreign(model, replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first,

@@ -26,6 +26,27 @@ def _get_many(source, keys: list[int]) -> list:
         return [source[k] for k in keys]
 
 
+def open_tfds_source(name: str, split: str, data_dir: str | os.PathLike | None, *, decoders=None):
+    """``(random-access source of split, builder)`` for a prepared TFDS dataset, records read lazily.
+
+    ``decoders`` is TFDS's (``{'image': tfds.decode.SkipDecoding()}`` keeps encoded bytes). Nothing is downloaded:
+    an unprepared dataset raises ``DatasetNotFoundError`` saying where it was looked for.
+    """
+    import tensorflow_datasets as tfds  # optional dependency, imported only when used
+
+    builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
+    try:
+        return builder.as_data_source(split, decoders=decoders), builder
+    except Exception as error:
+        if not builder.is_prepared():
+            raise DatasetNotFoundError(
+                f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; prepare it (with network, "
+                f"file_format='array_record') using `tfds.builder({name!r}, data_dir=...).download_and_prepare("
+                f"file_format='array_record')` or copy a prepared dataset there"
+            ) from error
+        raise
+
+
 def load_tfds(
     name: str,
     split: str,
@@ -40,19 +61,7 @@ def load_tfds(
     (cast to int32); pass ``label_key=None`` for unlabelled data. Other features are ignored. Nothing is
     downloaded: the dataset must already be prepared in ``data_dir`` in the array_record format.
     """
-    import tensorflow_datasets as tfds  # optional dependency, imported only when used
-
-    builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
-    try:
-        source = builder.as_data_source(split)
-    except Exception as error:
-        if not builder.is_prepared():
-            raise DatasetNotFoundError(
-                f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; prepare it (with network, "
-                f"file_format='array_record') using `tfds.builder({name!r}, data_dir=...).download_and_prepare("
-                f"file_format='array_record')` or copy a prepared dataset there"
-            ) from error
-        raise
+    source, _ = open_tfds_source(name, split, data_dir)
     n = len(source)
     if n == 0:
         raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty")

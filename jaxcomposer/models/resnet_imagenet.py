@@ -36,6 +36,21 @@ DEPTHS: dict[int, tuple[str, tuple[int, ...], int]] = {
 }
 
 
+class MaxPool2d(nnx.Module):
+    """torch's ``nn.MaxPool2d(kernel, stride, padding)`` on NHWC, as a module so that surgery can find it (BlurPool
+    swaps it for a blurred max-pool, as Composer does to torchvision's ``maxpool``). No parameters or state.
+
+    ``reduce_window`` pads with -inf, so padding never wins the max, as in torch.
+    """
+
+    def __init__(self, kernel_size: int = 3, stride: int = 2, padding: int = 1):
+        self.kernel_size, self.stride, self.padding = int(kernel_size), int(stride), int(padding)
+
+    def __call__(self, x: jax.Array, stride: int | None = None) -> jax.Array:
+        s, p, k = self.stride if stride is None else stride, self.padding, self.kernel_size
+        return nnx.max_pool(x, window_shape=(k, k), strides=(s, s), padding=((p, p), (p, p)))
+
+
 class Bottleneck(nnx.Module):
     """``relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))``, stride on ``conv2`` (3x3)."""
 
@@ -108,6 +123,7 @@ class ResNetImageNet(nnx.Module):
         self.block_kind = block
         self.stem_conv = _conv(in_channels, width, 7, 2, rngs, conv_fn)
         self.stem_bn = _bn(width, bn_momentum, rngs)
+        self.maxpool = MaxPool2d(3, 2, 1)
         blocks, cin, self.stage_of_block = [], width, []
         for stage, n in enumerate(layers):
             planes = width * 2 ** stage
@@ -131,8 +147,7 @@ class ResNetImageNet(nnx.Module):
             raise ValueError(f"ResNetImageNet: expected NHWC images (B, H, W, C), got shape {x.shape}.")
         (drop_key,) = split_dropout_keys(key, 1, active=train and self.dropout_rate > 0, where="ResNetImageNet")
         x = jax.nn.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
-        # torch's MaxPool2d(3, 2, padding=1): reduce_window pads with -inf, so padding never wins the max
-        x = nnx.max_pool(x, window_shape=(3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        x = self.maxpool(x)
         for i, block in enumerate(self.blocks):
             x = block(x, train=train, key=block_key(key, i, train))
         x = self.drop(x.mean(axis=(1, 2)), deterministic=not train, rngs=drop_key)
