@@ -34,7 +34,7 @@ from jaxcomposer.data import make_loaders
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerClassifier
 from jaxcomposer.optim import CosineAnnealingWithWarmupScheduler, DecoupledSGDW
-from jaxcomposer.runner import _NORMALIZATION, NormalizedLoader, _with_normalization
+from jaxcomposer.runner import NormalizedLoader, _with_normalization
 TARGET = 0.91
 
 # (label, [(registry name, kwargs), ...]): Composer's defaults unless a short run needs otherwise
@@ -97,12 +97,12 @@ class BudgetRecorder(Callback):
 def run(label: str, methods: list, seed: int, budget_s: float, epochs: int, eval_batches: int,
         train_batches: int) -> dict:
     train, evals, info = make_loaders("fashion_mnist", 128, 1000, seed=seed)
-    if info.name in _NORMALIZATION:
-        train, evals = (NormalizedLoader(x, *_NORMALIZATION[info.name]) for x in (train, evals))
+    if info.mean is not None:
+        train, evals = (NormalizedLoader(x, info.mean, info.std) for x in (train, evals))
     task = ComposerClassifier(ResNetCIFAR(depth=8, width=16, stem_stride=2, num_classes=info.num_classes,
                                           in_channels=info.input_shape[-1], rngs=nnx.Rngs(seed)),
                               num_classes=info.num_classes)
-    algorithms = [config_lib.build_component(_with_normalization({"name": n, **kw}, info.name),
+    algorithms = [config_lib.build_component(_with_normalization({"name": n, **kw}, info),
                                              config_lib.ALGORITHMS) for n, kw in methods]
     steps_per_epoch = min(len(train), train_batches) if train_batches > 0 else len(train)
     recorder = BudgetRecorder(budget_s)

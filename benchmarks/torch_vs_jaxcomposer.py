@@ -123,7 +123,7 @@ def runner_module():
 
 
 def normalization(info):
-    return getattr(runner_module(), "_NORMALIZATION", {}).get(info.name)
+    return (info.mean, info.std) if getattr(info, "mean", None) is not None else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

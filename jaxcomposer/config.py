@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -20,10 +21,12 @@ import yaml
 
 from jaxcomposer import algorithms as algorithms_lib
 from jaxcomposer import callbacks as callbacks_lib
+from jaxcomposer import data as data_lib
 from jaxcomposer import loggers as loggers_lib
 from jaxcomposer import models as models_lib
 from jaxcomposer import optim
 from jaxcomposer.errors import ConfigError
+from jaxcomposer.models.tasks import CLASSIFICATION_LOSSES
 from jaxcomposer.options import DATA_OPTIONS, Config, DataConfig, describe_errors  # noqa: F401 (re-exported)
 
 
@@ -160,15 +163,20 @@ def _check_components(raw: Mapping) -> list[tuple[str, str]]:
         if name not in MODELS:
             problems.append(("model.name", f"got {name!r}, expected one of {list(MODELS)}{_did_you_mean(str(name), MODELS)}"))
         else:
-            # the builder's signature is the schema
-            problems += _check_kwargs("model", models_lib.BUILDERS[name], {k: v for k, v in model.items() if k != "name"},
-                                      build=False)
+            # the builder's signature is the schema; model.loss chooses the classifier's loss, not a builder argument
+            problems += _check_kwargs("model", models_lib.BUILDERS[name],
+                                      {k: v for k, v in model.items() if k not in ("name", "loss")}, build=False)
+            kind = models_lib.MODEL_KINDS[name]
+            if "loss" in model and (kind != "image" or model["loss"] not in CLASSIFICATION_LOSSES):
+                problems.append(("model.loss", f"got {model['loss']!r}, expected one of {list(CLASSIFICATION_LOSSES)} "
+                                               "(image classifiers only)"))
             data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}
             dataset = data.get("name", DATA_OPTIONS[0].default)
-            if (name == "gpt") != (dataset == "stdlib_text"):
-                problems.append(("model.name", f"{name!r} does not fit data.name {dataset!r}: "
-                                               "'gpt' trains on 'stdlib_text'; image classifiers on 'fashion_mnist' "
-                                               "or 'digits'"))
+            data_kind = data_lib.dataset_kind(dataset) if dataset in data_lib.DATASET_NAMES else None
+            if data_kind is not None and (kind == "image") != (data_kind == "image"):
+                fitting = [n for n in data_lib.DATASET_NAMES if (data_lib.dataset_kind(n) == "image") == (kind == "image")]
+                problems.append(("model.name", f"{name!r} does not fit data.name {dataset!r} ({data_kind} data): "
+                                               f"{name!r} trains on {', '.join(map(repr, fitting))}"))
     return problems
 
 
@@ -186,6 +194,12 @@ def _check_kwargs(loc: str, fn: Callable, kwargs: Mapping, build: bool = True) -
     target = fn.__init__ if isinstance(fn, type) else fn  # NNX's metaclass hides classes' own signatures
     params = {n: p for n, p in inspect.signature(target).parameters.items() if n != "self"}
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    returned = typing.get_type_hints(fn).get("return") if not isinstance(fn, type) and accepts_any else None
+    if isinstance(returned, type):  # a builder passing **kwargs to the class it returns (resnet, gpt2, ...)
+        params.update({n: p for n, p in inspect.signature(returned.__init__).parameters.items()
+                       if n != "self" and n not in params})
+        params = {n: p for n, p in params.items() if p.kind != p.VAR_KEYWORD}
+        accepts_any = False
     names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [k for k in kwargs if k not in names and not accepts_any]
     problems = [(f"{loc}.{k}", f"unknown argument{_did_you_mean(k, names)}; accepted: {', '.join(names)}")

@@ -166,13 +166,36 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
 TRAINER_OPTIONS: dict[str, Option] = {o.name: o for o in TRAINER_OBJECTS + RUN_OPTIONS}
 
 DATA_OPTIONS: tuple[Option, ...] = (
-    Option("name", Literal["fashion_mnist", "digits", "stdlib_text"], "fashion_mnist",
+    Option("name", Literal["fashion_mnist", "digits", "stdlib_text", "imagefolder", "imagenet", "synthetic_images",
+                           "synthetic_tokens", "text_files", "tfds_text"], "fashion_mnist",
            "the dataset (Fashion-MNIST falls back to digits when its Debian package is missing)"),
     Option("batch_size", pydantic.PositiveInt, 128, "training batch size"),
     Option("eval_batch_size", pydantic.PositiveInt, 1000, "evaluation batch size"),
     Option("data_dir", str | None, None, "where the dataset's files are (default: the system's location)"),
     Option("seq_len", pydantic.PositiveInt, 128, "text datasets: tokens per example"),
     Option("max_bytes", pydantic.PositiveInt | None, None, "text datasets: read at most this many bytes"),
+    Option("image_size", pydantic.PositiveInt, 224, "imagefolder/imagenet/synthetic_images: side of the square "
+                                                    "images (train RandomResizedCrop, eval resize to size/0.875 "
+                                                    "+ center crop)"),
+    Option("eval_image_size", pydantic.PositiveInt | None, None, "imagefolder/imagenet/synthetic_images: side of "
+           "the evaluation's center crop (default: image_size; Composer's ResNet recipes train at 176, evaluate at 224)"),
+    Option("eval_resize", pydantic.PositiveInt | None, None, "imagefolder/imagenet: shorter side the evaluation "
+           "resizes to before its center crop (default: eval_image_size / 0.875; Composer's ResNet recipes: 232)"),
+    Option("num_workers", pydantic.NonNegativeInt, 8, "imagefolder/imagenet: threads decoding images (0 or 1: "
+                                                      "the loading thread); batches are the same for any value"),
+    Option("tokenizer_dir", str | None, None, "text_files/tfds_text: folder with the tokenizer's tokenizer.json "
+                                              "(and tokenizer_config.json naming eos_token)"),
+    Option("cache_dir", str | None, None, "text_files/tfds_text: where the tokenized corpus is cached (default: "
+                                          "next to the data)"),
+    Option("tfds_name", str | None, None, "imagenet/tfds_text: the TFDS dataset in data_dir (default "
+                                          "imagenet2012, c4/en)"),
+    Option("synthetic_num_classes", pydantic.PositiveInt, 1000, "synthetic_images: number of classes"),
+    Option("synthetic_vocab_size", pydantic.PositiveInt, 50257, "synthetic_tokens: vocabulary size"),
+    Option("synthetic_num_train", pydantic.PositiveInt, 1281167, "synthetic datasets: examples in a nominal "
+                                                                 "training epoch (default ImageNet's)"),
+    Option("synthetic_num_eval", pydantic.PositiveInt, 50000, "synthetic datasets: examples in the eval set"),
+    Option("mlm_probability", Annotated[float, pydantic.Field(gt=0, lt=1)], 0.15,
+           "masked-LM models (bert): share of tokens selected for prediction (80% [MASK], 10% random, 10% kept)"),
 )
 
 _STRICT = pydantic.ConfigDict(extra="forbid", validate_default=True)  # defaults come out as a config holds them

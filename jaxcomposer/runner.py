@@ -13,16 +13,15 @@ from flax import nnx
 
 from jaxcomposer import config as config_lib
 from jaxcomposer.core.events import RunState
-from jaxcomposer.data import make_loaders
-from jaxcomposer.data.datasets import (DIGITS_MEAN, DIGITS_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD,
-                                       normalize_images)
-from jaxcomposer.models import GPT, MLP, ResNetCIFAR
-from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
+from jaxcomposer.data import dataset_kind, make_loaders
+from jaxcomposer.data.mlm import masked_lm_transform
+from jaxcomposer.data.datasets import normalize_images
+from jaxcomposer import models
+from jaxcomposer.models.tasks import CLASSIFICATION_LOSSES, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM
 from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
 from jaxcomposer.trainer.trainer import Trainer
 
-_NORMALIZATION = {"fashion_mnist": (FASHION_MNIST_MEAN, FASHION_MNIST_STD), "digits": (DIGITS_MEAN, DIGITS_STD)}
 
 
 @dataclasses.dataclass
@@ -127,14 +126,22 @@ def build_trainer(cfg: config_lib.Config, **replace: Any):
     arguments (a benchmark passes its own ``callbacks=[...]`` and ``loggers=[]``)."""
     d = cfg.data
     train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
-                                      seq_len=d.seq_len, max_bytes=d.max_bytes)
-    if info.name in _NORMALIZATION:
-        train, evals = (NormalizedLoader(x, *_NORMALIZATION[info.name]) for x in (train, evals))
+                                      seq_len=d.seq_len, max_bytes=d.max_bytes,
+                                      **d.model_dump(exclude={"name", "batch_size", "eval_batch_size", "data_dir",
+                                                              "seq_len", "max_bytes", "mlm_probability"}))
+    if info.mean is not None:  # every image dataset says its pixel statistics
+        train, evals = (NormalizedLoader(x, info.mean, info.std) for x in (train, evals))
+    if models.MODEL_KINDS.get(cfg.model["name"]) == "masked_lm":
+        # masking is host work, per batch, seeded from (seed, epoch, batch): resumes exactly, evaluates the same
+        # masked positions every time
+        mask_id = info.num_classes if info.mask_token_id is None else info.mask_token_id
+        train.transform = evals.transform = masked_lm_transform(mask_token_id=mask_id, vocab_size=info.num_classes,
+                                                                mlm_probability=d.mlm_probability)
     components = {
         "model": _build_task(cfg, info), "train_dataloader": train, "eval_dataloader": evals,
         "optimizers": config_lib.build_component(cfg.optimizer, config_lib.OPTIMIZERS),
         "schedulers": [config_lib.build_component(s, config_lib.SCHEDULERS) for s in cfg.schedulers],
-        "algorithms": [config_lib.build_component(_with_normalization({"name": n, **(kw or {})}, info.name),
+        "algorithms": [config_lib.build_component(_with_normalization({"name": n, **(kw or {})}, info),
                                                   config_lib.ALGORITHMS) for n, kw in cfg.algorithms.items()],
         "callbacks": [config_lib.build_component({"name": n, **(kw or {})}, config_lib.CALLBACKS)
                       for n, kw in cfg.callbacks.items()],
@@ -147,14 +154,13 @@ def build_trainer(cfg: config_lib.Config, **replace: Any):
     return Trainer(**{**run_options, **components, **replace}), info
 
 
-def _with_normalization(spec: dict, dataset: str) -> dict:
+def _with_normalization(spec: dict, info) -> dict:
     """Host-side image methods (RandAugment, AugMix) see the loader's normalized floats: tell them the dataset's
     mean and std so they can work on pixels, unless the config already says."""
     factory = config_lib.ALGORITHMS[config_lib.lookup(config_lib.ALGORITHMS, spec["name"])]
     accepts = inspect.signature(factory).parameters
-    if dataset in _NORMALIZATION and "mean" in accepts and "std" in accepts and "mean" not in spec and "std" not in spec:
-        mean, std = _NORMALIZATION[dataset]
-        return {**spec, "mean": mean, "std": std}
+    if info.mean is not None and "mean" in accepts and "std" in accepts and "mean" not in spec and "std" not in spec:
+        return {**spec, "mean": info.mean, "std": info.std}
     return spec
 
 
@@ -169,24 +175,51 @@ def _build_task(cfg, info):
         raise config_lib.ConfigError([config_lib.problem_from_error("model", kwargs, e)]) from None
 
 
+def _image_kwargs(info) -> dict:
+    return {"num_classes": info.num_classes, "in_channels": info.input_shape[-1]}
+
+
+def _flat_features(info) -> int:
+    n = 1
+    for s in info.input_shape:
+        n *= s
+    return n
+
+
+# config model name -> the module from the data's DatasetInfo, the config's model keywords and the run's rngs. The
+# data supplies what it determines (classes, channels, image size, vocabulary, context); the config's keywords come
+# last and win. models.MODEL_KINDS says what each trains ("image" classification, "causal_lm", "masked_lm").
+MODEL_FROM_DATA: dict[str, Any] = {
+    "mlp": lambda info, kw, rngs: models.MLP(
+        **{"in_features": _flat_features(info), "num_classes": info.num_classes, **kw}, rngs=rngs),
+    "resnet_cifar": lambda info, kw, rngs: models.ResNetCIFAR(**{**_image_kwargs(info), **kw}, rngs=rngs),
+    "resnet": lambda info, kw, rngs: models.resnet(**{**_image_kwargs(info), **kw}, rngs=rngs),
+    "vit": lambda info, kw, rngs: models.vit(
+        **{**_image_kwargs(info), "image_size": tuple(info.input_shape[:2]), **kw}, rngs=rngs),
+    "gpt": lambda info, kw, rngs: models.GPT(
+        **{"vocab_size": info.num_classes, "seq_len": info.input_shape[0], **kw}, rngs=rngs),
+    "gpt2": lambda info, kw, rngs: models.gpt2(
+        **{"vocab_size": info.num_classes, "seq_len": info.input_shape[0], **kw}, rngs=rngs),
+    # without a [MASK] in the tokenizer (byte-level text, GPT-2's BPE) one extra embedding row is the mask token
+    "bert": lambda info, kw, rngs: models.bert(
+        **{"vocab_size": info.num_classes + (info.mask_token_id is None),
+           "max_position_embeddings": info.input_shape[0], **kw}, rngs=rngs),
+}
+
+
 def _build_task_unchecked(cfg, info):
-    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    kwargs = {k: v for k, v in cfg.model.items() if k not in ("name", "loss")}
     name = cfg.model["name"]
-    rngs = nnx.Rngs(cfg.seed)
-    if name == "gpt":
-        if info.name != "stdlib_text":
-            raise config_lib.ConfigError([("model.name", f"'gpt' needs a text dataset, data.name is {info.name!r}")])
-        module = GPT(**{"vocab_size": info.num_classes, "seq_len": info.input_shape[0], **kwargs}, rngs=rngs)
+    kind, build = models.MODEL_KINDS[name], MODEL_FROM_DATA[name]
+    data_kind = dataset_kind(info.name)
+    if (kind == "image") != (data_kind == "image"):
+        wants = "an image dataset" if kind == "image" else "a text dataset"
+        raise config_lib.ConfigError([("model.name", f"{name!r} needs {wants}; data.name {info.name!r} is "
+                                                     f"{data_kind}")])
+    module = build(info, kwargs, nnx.Rngs(cfg.seed))
+    if kind == "causal_lm":
         return ComposerCausalLM(module)
-    if info.name == "stdlib_text":
-        raise config_lib.ConfigError([("model.name", f"{name!r} is an image classifier; data.name 'stdlib_text' "
-                                                     "needs model.name 'gpt'")])
-    if name == "mlp":
-        in_features = 1
-        for s in info.input_shape:
-            in_features *= s
-        module = MLP(**{"in_features": in_features, "num_classes": info.num_classes, **kwargs}, rngs=rngs)
-    else:
-        module = ResNetCIFAR(**{"num_classes": info.num_classes, "in_channels": info.input_shape[-1], **kwargs},
-                             rngs=rngs)
-    return ComposerClassifier(module, num_classes=info.num_classes)
+    if kind == "masked_lm":
+        return ComposerMaskedLM(module)
+    return ComposerClassifier(module, num_classes=info.num_classes, loss_fn=CLASSIFICATION_LOSSES[
+        cfg.model.get("loss", "cross_entropy")])

@@ -233,6 +233,19 @@ def soft_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
     return -(target.astype(jnp.float32) * logp).sum(-1)
 
 
+def soft_binary_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
+    """Per-example binary cross-entropy summed over the classes, with integer ``(B,)`` or dense ``(B, C)`` targets.
+
+    The mean over a batch is Composer's ``binary_cross_entropy_with_logits(..., reduction='sum',
+    scale_by_batch_size=True)``, the loss of its ResNet-50 recipes: each class an independent sigmoid, index
+    targets made one-hot first (``ensure_targets_one_hot``), so label smoothing and MixUp's dense targets apply.
+    """
+    x = logits.astype(jnp.float32)
+    t = ensure_targets_one_hot(x, target).astype(jnp.float32)
+    # log(1 + exp(-|x|)) + max(x, 0) - x * t: the stable form of torch's binary_cross_entropy_with_logits
+    return (jnp.maximum(x, 0) - x * t + jnp.log1p(jnp.exp(-jnp.abs(x)))).sum(-1)
+
+
 def ensure_targets_one_hot(logits: jax.Array, target: jax.Array, num_classes: int | None = None) -> jax.Array:
     """Composer's ``ensure_targets_one_hot``: class indices become float one-hot over the last logit axis. As in
     Composer, the shape decides: targets shaped like the logits are already dense (integer one-hot included)."""

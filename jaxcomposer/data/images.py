@@ -2,7 +2,7 @@
 
 What it is: the input pipeline of torchvision's ImageNet recipe (the one Composer's ResNet-50 benchmarks use).
 Train: ``RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3))`` + horizontal flip with p = 0.5. Eval:
-``Resize(int(size / 0.875))`` of the shorter side + ``CenterCrop(size)``. Both bilinear, through PIL, as
+``Resize(int(size / 0.875))`` (or ``eval_resize``) of the shorter side + ``CenterCrop(size)``. Both bilinear, through PIL, as
 torchvision does for PIL images. Output ``{'input': (B, size, size, 3) uint8, 'target': (B,) int32}``; images stay
 uint8 so the host moves 4x fewer bytes, and are normalized later with ``IMAGENET_MEAN``/``IMAGENET_STD`` (see
 ``normalize_images``), as the other image datasets are.
@@ -79,20 +79,17 @@ def train_transform(image: Image.Image, size: int, rng: np.random.Generator) -> 
     return image
 
 
-def eval_transform(image: Image.Image, size: int) -> Image.Image:
-    """Resize the shorter side to ``int(size / 0.875)`` (torchvision's rounding), then CenterCrop(size)."""
+def eval_transform(image: Image.Image, size: int, resize: int | None = None) -> Image.Image:
+    """Resize the shorter side to ``resize`` (default ``int(size / 0.875)``, torchvision's rounding), then
+    CenterCrop(size)."""
     width, height = image.size
-    short_target = int(size / EVAL_CROP_FRACTION)
+    short_target = int(size / EVAL_CROP_FRACTION) if resize is None else int(resize)
     short, long = min(width, height), max(width, height)
     long_target = int(short_target * long / short)
     new_w, new_h = (short_target, long_target) if width <= height else (long_target, short_target)
     image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
     top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
     return image.crop((left, top, left + size, top + size))
-
-
-def to_rgb_array(image: Image.Image) -> np.ndarray:
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
 
 
 # -- sources: example index -> (something PIL opens, label) ---------------------------------------------------
@@ -161,7 +158,8 @@ class ImageLoader(IndexedLoader):
     """
 
     def __init__(self, source, batch_size: int, *, image_size: int = 224, train: bool, shuffle: bool,
-                 seed: int = 0, drop_last: bool, num_workers: int = 8, transform: Transform | None = None):
+                 seed: int = 0, drop_last: bool, num_workers: int = 8, transform: Transform | None = None,
+                 eval_resize: int | None = None):
         for arg, value, low in (("batch_size", batch_size, 1), ("image_size", image_size, 1),
                                 ("num_workers", num_workers, 0), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -170,7 +168,10 @@ class ImageLoader(IndexedLoader):
             raise DataError(f"image dataset {source!r} is empty")
         super().__init__(len(source), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                          transform=transform)
+        if eval_resize is not None and (not isinstance(eval_resize, (int, np.integer)) or eval_resize < image_size):
+            raise DataError(f"eval_resize must be an int >= image_size ({image_size}), got {eval_resize!r}")
         self.source, self.image_size, self.train = source, int(image_size), bool(train)
+        self.eval_resize = eval_resize
         self.num_workers = int(num_workers)
         self.classes = list(source.classes)
         self._pool: ThreadPoolExecutor | None = None
@@ -182,7 +183,7 @@ class ImageLoader(IndexedLoader):
             if self.train:
                 image = train_transform(image, self.image_size, np.random.default_rng(seed))
             else:
-                image = eval_transform(image, self.image_size)
+                image = eval_transform(image, self.image_size, self.eval_resize)
             return np.asarray(image, dtype=np.uint8)
 
     def _gather(self, indices: np.ndarray) -> Batch:

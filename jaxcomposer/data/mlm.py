@@ -71,3 +71,22 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator, *, mask_token_i
     randomized = rng.binomial(1, scaled, size=labels.shape).astype(bool) & masked & ~replaced
     inputs[randomized] = rng.integers(low=0, high=vocab_size, size=np.count_nonzero(randomized), dtype=np.int64)
     return inputs, labels
+
+
+def masked_lm_transform(*, mask_token_id: int, vocab_size: int, mlm_probability: float = 0.15,
+                        special_token_ids: Iterable[int] = ()):
+    """A loader ``transform(batch, rng)`` turning language-model windows ``{'input_ids': (B, T + 1)}`` into
+    masked-LM batches ``{'input_ids', 'labels', 'attention_mask'}`` of length ``T`` (the window's last token, which
+    causal LMs use as the final target, is dropped) with :func:`mask_tokens`' 80/10/10 masking; random
+    replacements are drawn from ``[0, vocab_size)``, so an added [MASK] id beyond the data's vocabulary never
+    appears as a random token."""
+    _check_prob("mlm_probability", mlm_probability)
+    special = tuple(special_token_ids)
+
+    def transform(batch, rng: np.random.Generator):
+        ids = np.asarray(batch["input_ids"])[:, :-1]
+        inputs, labels = mask_tokens(ids, rng, mask_token_id=mask_token_id, vocab_size=vocab_size,
+                                     special_token_ids=special, mlm_probability=mlm_probability)
+        return {"input_ids": inputs, "labels": labels, "attention_mask": np.ones_like(inputs, dtype=np.int32)}
+
+    return transform

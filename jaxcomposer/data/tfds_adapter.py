@@ -77,3 +77,13 @@ def load_tfds(
     if label_key is not None:
         out["target"] = np.concatenate(columns[label_key]).astype(np.int32)
     return out
+
+
+def tfds_eval_split(name: str, data_dir: str | os.PathLike | None) -> str:
+    """The held-out split a TFDS dataset has: 'validation' (c4, imagenet2012), else 'test'."""
+    _, builder = open_tfds_source(name, "train", data_dir)
+    for split in ("validation", "test"):
+        if split in builder.info.splits:
+            return split
+    raise ValueError(f"TFDS dataset {name!r} has no 'validation' or 'test' split; splits: "
+                     f"{sorted(builder.info.splits)}")

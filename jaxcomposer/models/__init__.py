@@ -17,8 +17,13 @@ from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier, Compo
 from jaxcomposer.models.vit import VIT_SIZES, ViT, vit
 
 
-# A config's ``model.name`` -> the model class; its constructor's keywords are the config keys.
-BUILDERS: dict[str, Any] = {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "gpt": GPT}
+# A config's ``model.name`` -> the model's builder; its keywords (and, for a builder that passes ``**kwargs`` on, those
+# of the class it returns) are the config keys.
+BUILDERS: dict[str, Any] = {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "resnet": resnet, "vit": vit, "gpt": GPT,
+                            "gpt2": gpt2, "bert": bert}
+# ... and what it trains: "image" classification, "causal_lm" (next token), "masked_lm"
+MODEL_KINDS: dict[str, str] = {"mlp": "image", "resnet_cifar": "image", "resnet": "image", "vit": "image",
+                               "gpt": "causal_lm", "gpt2": "causal_lm", "bert": "masked_lm"}
 
 
 def num_params(model: Any) -> int:
@@ -32,7 +37,7 @@ def num_params(model: Any) -> int:
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-__all__ = ["BUILDERS", "GPT", "GPT2_SIZES", "gpt2", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet",
+__all__ = ["BUILDERS", "MODEL_KINDS", "GPT", "GPT2_SIZES", "gpt2", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet",
            "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "ComposerClassifier",
            "ComposerCausalLM", "num_params", "ViT", "VIT_SIZES", "vit", "BERT", "BERT_SIZES", "bert",
            "ComposerMaskedLM"]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.core import adapters
-from jaxcomposer.core.model import Batch, Task, soft_cross_entropy
+from jaxcomposer.core.model import Batch, Task, soft_binary_cross_entropy, soft_cross_entropy
 from jaxcomposer.metrics import (CrossEntropy, LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric,
                                  MulticlassAccuracy)
 from jaxcomposer.metrics.base import check_metrics
@@ -18,6 +18,10 @@ def _infer_num_classes(module: Any) -> int | None:
     """The head width when the model says it (our native models carry ``num_classes``); None otherwise."""
     n = getattr(module, "num_classes", None) if isinstance(module, nnx.Module) else None
     return n if isinstance(n, int) else None
+
+
+# a config's model.loss -> the per-example classification loss (Composer's ResNet recipes use binary cross-entropy)
+CLASSIFICATION_LOSSES = {"cross_entropy": soft_cross_entropy, "binary_cross_entropy": soft_binary_cross_entropy}
 
 
 def masked_sequence_ce(logits: jax.Array, targets: jax.Array, ignore_index: int) -> jax.Array:
