@@ -119,16 +119,22 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                      state=state, trainer=trainer, fallback_note=info.fallback_note)
 
 
+def loaders_from_config(cfg: config_lib.Config):
+    """``make_loaders`` for the config's data section: (train loader, eval loader, DatasetInfo), not normalized."""
+    d = cfg.data
+    return make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
+                        seq_len=d.seq_len, max_bytes=d.max_bytes,
+                        **d.model_dump(exclude={"name", "batch_size", "eval_batch_size", "data_dir", "seq_len",
+                                                "max_bytes", "mlm_probability"}))
+
+
 def build_trainer(cfg: config_lib.Config, **replace: Any):
     """The ``Trainer`` a validated config describes, and the loaded data's ``DatasetInfo``: loaders (normalized
     images), model, optimizer, schedulers, methods, callbacks, loggers and every run option, as ``fit`` builds it,
     except the run directory (none: nothing is written unless ``replace`` names one). ``replace`` overrides Trainer
     arguments (a benchmark passes its own ``callbacks=[...]`` and ``loggers=[]``)."""
     d = cfg.data
-    train, evals, info = make_loaders(d.name, d.batch_size, d.eval_batch_size, seed=cfg.seed, data_dir=d.data_dir,
-                                      seq_len=d.seq_len, max_bytes=d.max_bytes,
-                                      **d.model_dump(exclude={"name", "batch_size", "eval_batch_size", "data_dir",
-                                                              "seq_len", "max_bytes", "mlm_probability"}))
+    train, evals, info = loaders_from_config(cfg)
     if info.mean is not None:  # every image dataset says its pixel statistics
         train, evals = (NormalizedLoader(x, info.mean, info.std) for x in (train, evals))
     if models.MODEL_KINDS.get(cfg.model["name"]) == "masked_lm":

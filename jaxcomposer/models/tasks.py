@@ -62,7 +62,27 @@ class ComposerClassifier(Task):
         return dict(self.val_metrics)
 
 
-class ComposerCausalLM(Task):
+class _TokenPredictionTask(Task):
+    """What the language-model tasks share: a per-token target (``ignore_index`` where none), each sequence's mean
+    cross-entropy as its loss, and metrics over (logits, targets). Subclasses say where the targets are."""
+
+    ignore_index: int
+    eval_metrics: dict
+
+    def _targets(self, logits: jax.Array, batch: Batch) -> jax.Array:
+        raise NotImplementedError
+
+    def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
+        return masked_sequence_ce(outputs, self._targets(outputs, batch), self.ignore_index)
+
+    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
+        return dict(self.eval_metrics)
+
+    def metric_inputs(self, outputs, batch: Batch):
+        return outputs, self._targets(outputs, batch)
+
+
+class ComposerCausalLM(_TokenPredictionTask):
     """Batch ``{'input_ids': (B, T+1) int}``: the model reads ``[:, :-1]`` and predicts ``[:, 1:]``.
 
     An optional ``'labels'`` entry ``(B, T)``, already aligned with the logits, replaces ``input_ids[:, 1:]`` as
@@ -93,21 +113,12 @@ class ComposerCausalLM(Task):
                              "'input_ids' must be (B, T+1) and 'labels', if given, (B, T).")
         return targets
 
-    def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
-        return masked_sequence_ce(outputs, self._targets(outputs, batch), self.ignore_index)
-
-    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
-        return dict(self.eval_metrics)
-
-    def metric_inputs(self, outputs, batch: Batch):
-        return outputs, self._targets(outputs, batch)
-
     def num_tokens(self, batch: Batch) -> int:
         b, t1 = batch[self.input_key].shape
         return int(b * (t1 - 1))
 
 
-class ComposerMaskedLM(Task):
+class ComposerMaskedLM(_TokenPredictionTask):
     """Masked-LM pretraining (BERT): batch ``{'input_ids': (B, T) int, 'attention_mask': (B, T), 'labels': (B, T)}``
     with ``labels`` the original token at masked positions and ``ignore_index`` (-100) elsewhere, as Hugging Face's
     ``DataCollatorForLanguageModeling`` (or :func:`jaxcomposer.data.mlm.mask_tokens`) produces them.
@@ -143,15 +154,6 @@ class ComposerMaskedLM(Task):
             raise ValueError(f"ComposerMaskedLM: batch['labels'] {targets.shape} must match the logits' "
                              f"(batch, sequence) axes {logits.shape[:2]}.")
         return targets
-
-    def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
-        return masked_sequence_ce(outputs, self._targets(outputs, batch), self.ignore_index)
-
-    def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
-        return dict(self.eval_metrics)
-
-    def metric_inputs(self, outputs, batch: Batch):
-        return outputs, self._targets(outputs, batch)
 
     def num_tokens(self, batch: Batch) -> int:
         return int(batch[self.input_key].size)
