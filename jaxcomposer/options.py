@@ -116,9 +116,19 @@ RUN_OPTIONS: tuple[Option, ...] = (
                                      "step", config_default=17),
     Option("precision", Precision | None, None, "'fp32' or 'amp_bf16' (fp32 master weights, bf16 compute); "
                                                 "None is 'fp32'", config_default="fp32"),
-    Option("device_train_microbatch_size", pydantic.PositiveInt | None, None,
+    Option("device_train_microbatch_size", pydantic.PositiveInt | Literal["auto"] | None, None,
            "gradient accumulation in microbatches of this size (must divide the batch and be a multiple of the "
-           "device count); the update equals the full-batch one"),
+           "device count); the update equals the full-batch one. 'auto': the largest size whose compiled step fits "
+           "device_memory_bytes, chosen from XLA's memory analysis before the first step"),
+    Option("device_memory_bytes", pydantic.PositiveInt | None, None,
+           "per-device memory 'auto' microbatching fits the train step into (default: the device's limit as JAX "
+           "reports it; CPUs report none, so there 'auto' keeps the whole batch unless this is set). Ours"),
+    Option("parallelism_config", dict[str, Any] | None, None,
+           "Composer's {fsdp: {sharding_strategy: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD, "
+           "data_parallel_shard_degree, data_parallel_replicate_degree}, tp: {tensor_parallel_degree}}: one mesh of "
+           "(data, fsdp, tensor) axes (jaxcomposer.parallel); None: data parallel over every device"),
+    Option("fsdp_config", dict[str, Any] | None, None,
+           "Composer's older spelling of parallelism_config={fsdp: ...}"),
     Option("run_name", str | None, None, "names the run (and, with autoresume, recognises a relaunch of it)"),
     Option("run_dir", PathOrNone, None, "where metrics.jsonl, TensorBoard events and metrics.png go (none when "
                                         "None)", config_default="runs"),

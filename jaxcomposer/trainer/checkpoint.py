@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import jax
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
@@ -119,23 +120,47 @@ class _NoStepMetadataNotice(logging.Filter):
         return "Metadata file does not exist" not in record.getMessage()
 
 
-def _restore_item(item_dir: Path, sharding) -> dict[str, Any]:
-    """Restore an item as it was saved (shapes from its metadata), every array placed with ``sharding``."""
+class _Layout:
+    """Where each restored array goes: the target's own sharding for a leaf of the same path and shape (so a
+    checkpoint written on 8 devices, or on a mesh of another shape, is read straight into this run's layout), and
+    replicated over the target's mesh otherwise (a mismatch that ``merge_into`` then reports)."""
+
+    def __init__(self, target):
+        self.by_name = {name: (tuple(x.shape), x.sharding) for name, x in flat_paths(target).items()}
+        first = jax.tree_util.tree_leaves(target)[0].sharding
+        mesh = getattr(first, "mesh", None)
+        self.fallback = NamedSharding(mesh, PartitionSpec()) if mesh is not None else first
+
+    def __call__(self, name: str, shape) -> Any:
+        known = self.by_name.get(name)
+        return known[1] if known is not None and known[0] == tuple(shape) else self.fallback
+
+
+def _place(x, sharding):
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])  # each process its own shards
+
+
+def _restore_item(item_dir: Path, layout: _Layout) -> dict[str, Any]:
+    """Restore an item as it was saved (shapes from its metadata), every array placed as ``layout`` says."""
     if flat_arrays.is_flat_item(item_dir):
-        return {name: jax.device_put(x, sharding) for name, x in flat_arrays.read(item_dir / flat_arrays.FILE).items()}
+        return {name: _place(x, layout(name, x.shape))
+                for name, x in flat_arrays.read(item_dir / flat_arrays.FILE).items()}
     quiet = _NoStepMetadataNotice()
     logging.getLogger("absl").addFilter(quiet)
     try:
-        return _restore_item_quietly(item_dir, sharding)
+        return _restore_item_quietly(item_dir, layout)
     finally:
         logging.getLogger("absl").removeFilter(quiet)
 
 
-def _restore_item_quietly(item_dir: Path, sharding) -> dict[str, Any]:
+def _restore_item_quietly(item_dir: Path, layout: _Layout) -> dict[str, Any]:
     with ocp.StandardCheckpointer() as ckptr:
         metadata = ckptr.metadata(item_dir)
         tree = getattr(metadata, "item_metadata", metadata)
-        abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), tree)
+        abstract = jax.tree_util.tree_map_with_path(
+            lambda path, m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=layout(_path_name(path), m.shape)), tree)
         return flat_paths(ckptr.restore(item_dir, abstract))
 
 
@@ -196,11 +221,11 @@ def restore(step_dir: Path, target: TrainState, *, weights_only: bool = False, i
     if not weights_only and not (step_dir / TRAIN).is_dir():
         raise CheckpointError(f"{label} holds weights only (saved with save_weights_only=True), so training "
                               "cannot continue from it; pass load_weights_only=True to start from its weights")
-    sharding = jax.tree_util.tree_leaves(target)[0].sharding
-    saved = _restore_item(step_dir / WEIGHTS, sharding)
+    layout = _Layout(target)
+    saved = _restore_item(step_dir / WEIGHTS, layout)
     fields = WEIGHT_FIELDS
     if not weights_only:
-        saved.update(_restore_item(step_dir / TRAIN, sharding))
+        saved.update(_restore_item(step_dir / TRAIN, layout))
         fields = WEIGHT_FIELDS + TRAIN_FIELDS
     state = merge_into(target, saved, fields=fields, ignore_keys=ignore_keys, where=label)
     timestamp = None if weights_only else Timestamp.from_state_dict(meta["timestamp"])

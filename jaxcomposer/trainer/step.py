@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 import jax
-import numpy as np
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
-
+from jaxcomposer import parallel
 from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.metrics.base import Metric, batch_states
@@ -119,13 +117,16 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 
 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
-                    num_microbatches: int = 1, mesh=None, model_view: ModelView = ModelView()) -> Callable:
+                    num_microbatches: int = 1, mesh=None, grad_shardings: Any = None,
+                    model_view: ModelView = ModelView()) -> Callable:
     """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
     ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``model_view`` is what the methods see of
-    the model (its memoized param order and its layout; the step adds ``per_example_loss``)."""
-    data_sharding = NamedSharding(mesh, P(None, "data")) if mesh is not None else None
+    the model (its memoized param order and its layout; the step adds ``per_example_loss``). ``grad_shardings``
+    (``jaxcomposer.parallel.train_state_shardings``) lays the gradients out as the optimizer state is: under FSDP
+    the data-parallel sum becomes a reduce-scatter, and each device updates only its shard."""
+    data_sharding = parallel.batch_sharding(mesh, leading=1) if mesh is not None else None
 
     def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
         ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
@@ -137,6 +138,8 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
         batch = composed.apply_batch(dict(batch), ctx)
         (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx)(
             state.params, state.model_state, batch, jax.random.fold_in(ctx.key, _FORWARD_KEY))
+        if grad_shardings is not None:
+            grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
         updates, opt_state = build_tx(ctx, host_lr).update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         extras = composed.update_extras(state.extras, params, model_state, ctx)
@@ -188,32 +191,26 @@ def eval_weights(composed: Composed, state: TrainState, run: RunInfo):
     return composed.eval_weights(state.extras, state.params, state.model_state, ctx)
 
 
-def jit_train_step(train_step: Callable, mesh) -> Callable:
-    """Jit with the state replicated, the batch sharded over ``data``, and the old state's buffers donated."""
-    replicated = NamedSharding(mesh, P())
-    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data")), replicated),
-                   out_shardings=(replicated, replicated), donate_argnums=0, static_argnums=2)
+def jit_train_step(train_step: Callable, mesh, state_shardings) -> Callable:
+    """Jit with the state laid out by ``state_shardings`` (``jaxcomposer.parallel``), the batch split over the
+    mesh's batch axes, and the old state's buffers donated."""
+    rep = parallel.replicated(mesh)
+    return jax.jit(train_step, in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep),
+                   out_shardings=(state_shardings, rep), donate_argnums=0, static_argnums=2)
 
 
-def jit_eval_step(eval_step: Callable, mesh) -> Callable:
-    replicated, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-    return jax.jit(eval_step, in_shardings=(replicated, data, data), out_shardings=replicated)
+def jit_eval_step(eval_step: Callable, mesh, state_shardings) -> Callable:
+    data = parallel.batch_sharding(mesh)
+    return jax.jit(eval_step, in_shardings=(state_shardings, data, data), out_shardings=parallel.replicated(mesh))
 
 
-def init_train_state(task, build_tx: Callable, composed: Composed, run: RunInfo, seed: int, mesh,
+def init_train_state(task, build_tx: Callable, composed: Composed, run: RunInfo, seed: int,
                      model_view: ModelView = ModelView()) -> TrainState:
-    """The state before the first step; optimizer and method states are built with the step-0 ctx."""
+    """The state before the first step (not yet placed on the mesh); optimizer and method states are built with
+    the step-0 ctx."""
     params, model_state = task.params, task.state
     key = jax.random.PRNGKey(seed)
     ctx = StepCtx(step=0, key=jax.random.fold_in(key, 0), run=run, model=model_view)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
-                       opt_state=build_tx(ctx).init(params), extras=composed.init_extras(params, model_state, ctx),
-                       key=key)
-    # may_alias=False: the state's buffers are donated to the first step, so they must not be the model's own (a
-    # module the user passed stays usable while and after training)
-    return jax.device_put(state, NamedSharding(mesh, P()), may_alias=False)
-
-
-def make_mesh(devices: Any = None):
-    devices = np.asarray(devices if devices is not None else jax.devices())
-    return jax.sharding.Mesh(devices.reshape(-1), ("data",))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
+                      opt_state=build_tx(ctx).init(params), extras=composed.init_extras(params, model_state, ctx),
+                      key=key)

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.events import Callback, Event, ReadsPlan, RunPlan, RunState
@@ -29,7 +28,7 @@ from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data.prefetch import prefetch_to_device
-from jaxcomposer import options
+from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
 from jaxcomposer.metrics.base import check_metrics, compute_all, sum_states
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
@@ -80,7 +79,9 @@ class Trainer(ReadsPlan):
                  save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
                  save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
                  load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
-                 nonfinite_max_skips: int = 10, devices: Sequence | None = None):
+                 nonfinite_max_skips: int = 10, devices: Sequence | None = None,
+                 parallelism_config: dict | None = None, fsdp_config: dict | None = None,
+                 device_memory_bytes: int | None = None):
         # ---- validate (nothing compiled or written yet) ----
         a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
         if adapters.is_foreign_model(model):
@@ -111,8 +112,11 @@ class Trainer(ReadsPlan):
         self.seed = a.seed if a.seed is not None else random.randrange(2**31)
         self.run_name = a.run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         self.run_dir = Path(a.run_dir).absolute() if a.run_dir is not None else None
-        self.mesh = steps.make_mesh(devices)
-        self.num_devices = self.mesh.devices.size
+        devices = list(devices) if devices is not None else jax.devices()
+        self.parallelism = parallel.parse_parallelism(a.parallelism_config, a.fsdp_config, len(devices),
+                                                      num_processes=jax.process_count())
+        self.mesh = parallel.make_mesh(self.parallelism, devices)
+        self.num_devices = self.parallelism.batch_ways  # the batch is split this many ways
 
         self.nonfinite, self.nonfinite_max_skips = a.nonfinite, a.nonfinite_max_skips
         self._pending_check, self._skips_in_a_row = None, 0
@@ -128,7 +132,8 @@ class Trainer(ReadsPlan):
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self.train_subset_num_batches = a.train_subset_num_batches
         self.eval_subset_num_batches = a.eval_subset_num_batches
-        self.microbatch_size = a.device_train_microbatch_size
+        self.microbatch_size = a.device_train_microbatch_size  # 'auto' is resolved at the first batch
+        self.device_memory_bytes = a.device_memory_bytes
         self.scale_schedule_ratio = a.scale_schedule_ratio
 
         if isinstance(optimizers, (list, tuple)) and not hasattr(optimizers, "update"):  # Composer: [opt]
@@ -172,8 +177,8 @@ class Trainer(ReadsPlan):
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
 
-        state = steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info, self.seed, self.mesh,
-                                       self.model_view)
+        state = self._place(steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info,
+                                                   self.seed, self.model_view))
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
             state, timestamp, _ = self.store.restore(resume_step, state)
@@ -192,6 +197,16 @@ class Trainer(ReadsPlan):
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
+
+    def _place(self, state):
+        """Lay the state out on the mesh (``jaxcomposer.parallel``): replicated for data parallelism, sharded over
+        ``fsdp`` and ``tensor`` as the parallelism says. Copies (``may_alias=False``): the state's buffers are
+        donated to the first step, so they must not be the model's own (a module the user passed stays usable)."""
+        logical = parallel.logical_axes_of(self.task.source) if self.task.pure.bridged is None else None
+        parallel.check_tensor_parallel(self.parallelism, logical, type(self.task.source).__name__)
+        self.state_shardings, self.grad_shardings = parallel.train_state_shardings(
+            state, self.mesh, self.parallelism, logical)
+        return jax.device_put(state, self.state_shardings, may_alias=False)
 
     # ---- the run's plan: max_duration lives in one place (self.plan; read through ReadsPlan) ----
     @property
@@ -263,6 +278,8 @@ class Trainer(ReadsPlan):
                                             self._host_ctx(int(st.timestamp.batch)))
                 n, seen = _batch_size(batch), seen + 1
                 self._host_lr = self._host_multiplier()
+                if self.microbatch_size == "auto":
+                    self.microbatch_size = self._auto_microbatch_size(batch, stage)
                 st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
                 st.batch_size = n
                 st.timestamp = st.timestamp.to_next_batch(
@@ -335,7 +352,8 @@ class Trainer(ReadsPlan):
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
         if self._eval_step is None and host is None:
             self._eval_step = steps.jit_eval_step(steps.make_eval_step(
-                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision), self.mesh)
+                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision), self.mesh,
+                self.state_shardings)
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -551,18 +569,58 @@ class Trainer(ReadsPlan):
 
     def _step_for(self, batch_size: int):
         """The jitted train step for a batch size (the number of microbatches is static: one compile each)."""
-        n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
+        return self._step_with(1 if self.microbatch_size is None else batch_size // self.microbatch_size)
+
+    def _step_with(self, n: int):
         if n not in self._train_steps:
             fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
                                        precision=self.precision, num_microbatches=n, mesh=self.mesh,
-                                       model_view=self.model_view)
-            self._train_steps[n] = steps.jit_train_step(fn, self.mesh)
+                                       grad_shardings=self.grad_shardings, model_view=self.model_view)
+            self._train_steps[n] = steps.jit_train_step(fn, self.mesh, self.state_shardings)
         return self._train_steps[n]
+
+    def compiled_train_step(self, batch: dict, stage=None, num_microbatches: int = 1):
+        """The train step compiled ahead of time for this batch's shapes (``jax.stages.Compiled``): its
+        ``memory_analysis()`` says what a step needs per device before one runs."""
+        step = self._step_with(num_microbatches)
+        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # laid out by the step's in_shardings
+        return step.lower(jax.tree.map(abstract, self.state.train_state), jax.tree.map(abstract, batch), stage,
+                          self._host_lr).compile()
+
+    def _auto_microbatch_size(self, batch: dict, stage) -> int:
+        """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the device memory,
+        read from XLA's memory analysis of each candidate (largest first) before anything runs. Composer instead
+        runs the step, catches CUDA's out-of-memory error and halves; that cannot work inside one compiled program,
+        and asking the compiler is cheaper than failing. Candidates divide the batch and the batch ways."""
+        n = _batch_size(batch)
+        budget = self.device_memory_bytes or (self.mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
+        sizes = [m for m in range(n, 0, -1) if n % m == 0 and m % self.num_devices == 0]
+        chosen, needs = None, {}
+        if budget is None:
+            chosen = n  # no limit known (CPU): nothing to fit into
+        for m in sizes if chosen is None else ():
+            needs[m] = parallel.memory_per_device(self.compiled_train_step(batch, stage, n // m))["peak"]
+            if needs[m] <= budget:
+                chosen = m
+                break
+        if chosen is None:
+            raise ConfigurationError(
+                f"device_train_microbatch_size='auto': even microbatches of {sizes[-1]} need {needs[sizes[-1]]:,} "
+                f"bytes per device, over the {budget:,} available (device_memory_bytes); shard the model "
+                "(parallelism_config={'fsdp': {}}), use precision='amp_bf16', or a smaller model")
+        why = "no device memory limit known" if budget is None else \
+            f"peak {needs[chosen]:,} of {budget:,} bytes per device"
+        self.logger.log_hyperparameters({"device_train_microbatch_size": chosen})
+        if any(isinstance(d, (ProgressBarLogger, ConsoleLogger)) for d in self.logger.destinations):
+            print(f"jaxcomposer: device_train_microbatch_size='auto' chose {chosen} ({why})", file=sys.stderr,
+                  flush=True)
+        self.auto_microbatch_report = {"chosen": chosen, "budget_bytes": budget, "peak_bytes_by_size": needs}
+        return chosen
 
     def _device_batches(self, loader: Iterable, subset: int, check: bool, position: tuple[int, int] | None = None):
         """Batches on device, prefetched. ``position`` (epoch, first batch in epoch) marks a training pass: there
         the host-side data methods (RandAugment, ...) run, seeded by (seed, epoch, batch) so resume is exact."""
-        sharding = NamedSharding(self.mesh, P("data"))
+        sharding = parallel.batch_sharding(self.mesh)
         augment = position is not None and self.composed.has_data
         start = 0 if position is None else position[1]  # a resumed epoch starts mid-way: count from there
         first_step = int(self.state.timestamp.batch)  # the clock at this pass's first batch
@@ -587,7 +645,7 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(
                 f"train batch size {n} is not divisible by the {self.num_devices} devices of the data axis; "
                 "use a multiple of the device count (or drop_last=True so the last batch is full).")
-        if self.microbatch_size is not None and (n % self.microbatch_size
+        if isinstance(self.microbatch_size, int) and (n % self.microbatch_size
                                                  or self.microbatch_size % self.num_devices):
             raise ConfigurationError(
                 f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "

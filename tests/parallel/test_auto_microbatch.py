@@ -1,0 +1,71 @@
+"""``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the memory budget."""
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcomposer.data import ArrayLoader
+from jaxcomposer.errors import ConfigurationError
+from jaxcomposer.models.tasks import ComposerClassifier
+from jaxcomposer.trainer.checkpoint import flat_paths
+from jaxcomposer.trainer.trainer import Trainer
+
+
+class ConvNet(nnx.Module):
+    """Activations dominate its memory (and no BatchNorm: microbatches then give exactly the full-batch gradient)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv1 = nnx.Conv(1, 16, (3, 3), rngs=rngs)
+        self.conv2 = nnx.Conv(16, 16, (3, 3), rngs=rngs)
+        self.head = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x, *, train=False, key=None):
+        x = jax.nn.relu(self.conv2(jax.nn.relu(self.conv1(x))))
+        return self.head(x.mean(axis=(1, 2)))
+
+
+DATA = np.random.default_rng(0).normal(size=(128, 28, 28, 1)).astype(np.float32)
+TARGETS = np.random.default_rng(1).integers(0, 10, 128).astype(np.int32)
+
+
+def run(**kw):
+    loader = ArrayLoader({"input": DATA, "target": TARGETS}, 64, shuffle=True, seed=0, drop_last=True)
+    t = Trainer(model=ComposerClassifier(ConvNet(nnx.Rngs(0)), num_classes=10), train_dataloader=loader,
+                max_duration="2ba", seed=5, progress_bar=False, **kw)
+    t.fit()
+    return t, {k: np.asarray(v) for k, v in flat_paths(t.state.train_state.params).items()}
+
+
+@pytest.fixture(scope="module")
+def full_batch():
+    return run()
+
+
+def test_auto_picks_smaller_microbatches_for_a_smaller_budget_and_trains_to_the_full_batch_update(full_batch):
+    _, reference = full_batch
+    full_peak = None
+    chosen = {}
+    for budget in (6_000_000, 2_500_000):
+        t, params = run(device_train_microbatch_size="auto", device_memory_bytes=budget)
+        report = t.auto_microbatch_report
+        chosen[budget] = report["chosen"]
+        # the chosen size fits; the next larger candidate tried did not
+        assert report["peak_bytes_by_size"][report["chosen"]] <= budget
+        assert all(peak > budget for size, peak in report["peak_bytes_by_size"].items() if size > report["chosen"])
+        full_peak = report["peak_bytes_by_size"].get(64, full_peak)
+        assert t.microbatch_size == report["chosen"]
+        for k in reference:
+            np.testing.assert_allclose(params[k], reference[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert full_peak > 6_000_000  # the full batch (64) fits neither budget
+    assert chosen[6_000_000] > chosen[2_500_000] >= 2  # two budgets, two sizes (multiples of the 2 devices)
+
+
+def test_auto_without_a_known_limit_keeps_the_whole_batch():
+    t, _ = run(device_train_microbatch_size="auto")  # CPU devices report no memory limit
+    assert t.auto_microbatch_report == {"chosen": 64, "budget_bytes": None, "peak_bytes_by_size": {}}
+
+
+def test_auto_says_when_nothing_fits():
+    with pytest.raises(ConfigurationError, match=r"even microbatches of 2 need [\d,]+ bytes per device, over the "
+                                                  r"1,000 available"):
+        run(device_train_microbatch_size="auto", device_memory_bytes=1000)
