@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from jaxcomposer.launch import add_launch_parser, run_from_args
 from jaxcomposer.options import CONFIG_COMPONENTS, DATA_OPTIONS, PROCESS_OPTIONS, RUN_OPTIONS, Option
 
 
@@ -39,11 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_option_flags(p_fit.add_argument_group("data"), DATA_OPTIONS, prefix="data.")
     p_methods = sub.add_parser("methods", help="list every speedup method, or print one method's card")
     p_methods.add_argument("name", nargs="?", help="a method (e.g. ema, LabelSmoothing): print its method card")
+    add_launch_parser(sub)  # last: it checks its command against every subcommand registered before it
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+
+    if args.command == "launch":  # N processes of `jaxcomposer <rest>` (jaxcomposer.launch); JAX is not loaded here
+        return run_from_args(args)
 
     if args.command == "methods":
         from jaxcomposer.algorithms import describe_methods, method_card
@@ -60,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from jaxcomposer.errors import JaxComposerError, Preempted
+    from jaxcomposer.launch import initialize_from_env
+    try:  # started by `jaxcomposer launch` (or srun / mpirun): join the other processes before JAX computes anything
+        initialize_from_env()
+    except JaxComposerError as e:
+        print(f"jaxcomposer: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     from jaxcomposer.runner import fit
     flags = [f"{dest.removeprefix('option:')}={value}" for dest, value in vars(args).items()
              if dest.startswith("option:") and value is not None]

@@ -95,7 +95,14 @@ def _str_list(value):
     return [value] if isinstance(value, str) else value
 
 
+def _microbatch_size(value):
+    if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"expected an int greater than 0 or 'auto', got {value!r}")
+
+
 Duration = Annotated[Any, _checked_by(parse_duration)]
+MicrobatchSize = Annotated[Any, pydantic.BeforeValidator(_microbatch_size)]
 Interval = Annotated[Any, _checked_by(parse_interval)]
 IntervalOrCallable = Annotated[Any, _checked_by(parse_interval, allow_callable=True)]
 PathOrNone = Annotated[Any, pydantic.BeforeValidator(_path)]
@@ -116,7 +123,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
                                      "step", config_default=17),
     Option("precision", Precision | None, None, "'fp32' or 'amp_bf16' (fp32 master weights, bf16 compute); "
                                                 "None is 'fp32'", config_default="fp32"),
-    Option("device_train_microbatch_size", pydantic.PositiveInt | Literal["auto"] | None, None,
+    Option("device_train_microbatch_size", MicrobatchSize, None,
            "gradient accumulation in microbatches of this size (must divide the batch and be a multiple of the "
            "device count); the update equals the full-batch one. 'auto': the largest size whose compiled step fits "
            "device_memory_bytes, chosen from XLA's memory analysis before the first step"),

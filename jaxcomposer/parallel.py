@@ -172,6 +172,22 @@ def batch_sharding(mesh: Mesh, leading: int = 0) -> NamedSharding:
     return NamedSharding(mesh, P(*(None,) * leading, BATCH_AXES))
 
 
+def process_rows_to_global(batch: Mapping[str, Any], sharding: NamedSharding) -> dict:
+    """This process's rows of a batch as the global batch's arrays (each process passes its own rows, in process
+    order; ``jax.make_array_from_process_local_data``). With one process it is a plain ``device_put``."""
+    if jax.process_count() == 1:
+        return jax.device_put(dict(batch), sharding)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+def same_on_every_process(tree: Any, sharding: NamedSharding) -> Any:
+    """Host data every process holds whole (an eval batch) as global arrays laid out by ``sharding``."""
+    if sharding.is_fully_addressable:
+        return tree
+    return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), sharding,
+                                                               lambda index: np.asarray(x)[index]), tree)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import jax
+import numpy as np
 import yaml
 from flax import nnx
 
@@ -32,6 +33,14 @@ class FitResult:
     state: RunState
     trainer: Trainer
     fallback_note: str | None = None
+
+
+def _same_on_every_process(seconds: float) -> int:
+    """Process 0's clock, in whole seconds, on every process of a multi-process run (so all name the run alike)."""
+    if jax.process_count() == 1:
+        return int(seconds)
+    from jax.experimental import multihost_utils
+    return int(multihost_utils.broadcast_one_to_all(np.int32(int(seconds))))  # int32: JAX's default width
 
 
 def fresh_run_dir(parent: Path, run_name: str) -> Path:
@@ -98,17 +107,22 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """
     cfg = config_lib.load_config(config, overrides)
     use_compilation_cache(cfg.compilation_cache_dir)
-    run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S")
+    run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S", time.localtime(_same_on_every_process(time.time())))
     parent = Path(cfg.run_dir).absolute()
     # a relaunch with autoresume continues the same run: its metrics append to the same directory
     run_dir = parent / run_name if cfg.autoresume else fresh_run_dir(parent, run_name)
-    trainer, info = build_trainer(cfg, run_name=run_name, run_dir=run_dir)
+    # several processes (jaxcomposer launch): process 0 writes the run directory and shows progress; each process
+    # writes its shards of every checkpoint
+    lead = jax.process_index() == 0
+    trainer, info = build_trainer(cfg, run_name=run_name, run_dir=run_dir if lead else None,
+                                  **({} if lead else {"progress_bar": False, "log_to_console": False}))
     # the config as hyperparameters, as Composer logs its Trainer's (MLflow params, W&B config, a JSONL line)
     trainer.logger.log_hyperparameters(_flatten(cfg.model_dump(mode="json")))
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
-    run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also for a run cut short
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    if lead:
+        run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also for a run cut short
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     start = time.perf_counter()
     try:
         state = trainer.fit()
@@ -135,6 +149,8 @@ def build_trainer(cfg: config_lib.Config, **replace: Any):
     arguments (a benchmark passes its own ``callbacks=[...]`` and ``loggers=[]``)."""
     d = cfg.data
     train, evals, info = loaders_from_config(cfg)
+    if jax.process_count() > 1:  # launched on several processes: each feeds its devices its rows of every batch
+        train.shard_for_processes(jax.process_index(), jax.process_count())
     if info.mean is not None:  # every image dataset says its pixel statistics
         train, evals = (NormalizedLoader(x, info.mean, info.std) for x in (train, evals))
     if models.MODEL_KINDS.get(cfg.model["name"]) == "masked_lm":

@@ -45,10 +45,19 @@ class PureModel:
 
 def own_copy(tree):
     """Fresh single-device copies of a tree's arrays: the Trainer donates its state's buffers to the next step, so
-    a module the user keeps must never share them."""
-    device = jax.devices()[0]
-    return jax.tree.map(lambda x: jax.device_put(x, device, may_alias=False) if isinstance(x, jax.Array) else x,
-                        tree)
+    a module the user keeps must never share them. Arrays sharded over several processes are gathered whole on
+    each (a collective: every process calls this at the same point)."""
+    device = jax.local_devices()[0]
+
+    def copy(x):
+        if not isinstance(x, jax.Array):
+            return x
+        if not x.is_fully_addressable:  # sharded over several processes: every process gathers the whole array
+            from jax.experimental import multihost_utils
+            x = multihost_utils.process_allgather(x, tiled=True)
+        return jax.device_put(x, device, may_alias=False)
+
+    return jax.tree.map(copy, tree)
 
 
 def from_nnx(module: nnx.Module) -> PureModel:

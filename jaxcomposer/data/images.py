@@ -187,11 +187,15 @@ class ImageLoader(IndexedLoader):
             return np.asarray(image, dtype=np.uint8)
 
     def _gather(self, indices: np.ndarray) -> Batch:
+        return self._gather_rows(indices, 0, len(indices))
+
+    def _gather_rows(self, indices: np.ndarray, lo: int, hi: int) -> Batch:
         # IndexedLoader gathers batch i while its position still reads (epoch, i): the position is advanced only
-        # after the batch is built. That pair, with the seed and the slot in the batch, seeds each example.
+        # after the batch is built. That pair, with the seed and the slot in the (whole) batch, seeds each
+        # example, so a process decoding only its rows crops them as one process decoding all would.
         epoch, batch_index = self._epoch, self._batch_index
-        records = self.source.read(indices)
-        items = [(opened, _derive_seed(self.seed, epoch, batch_index, pos, _AUGMENT_TAG), label)
+        records = self.source.read(indices[lo:hi])
+        items = [(opened, _derive_seed(self.seed, epoch, batch_index, lo + pos, _AUGMENT_TAG), label)
                  for pos, (opened, label) in enumerate(records)]
         if self.num_workers > 1:
             if self._pool is None:

@@ -69,6 +69,29 @@ class IndexedLoader:
         self.transform = transform
         self._epoch = 0
         self._batch_index = 0
+        self._process = (0, 1)  # (this process, processes): which rows of each batch this loader yields
+
+    def shard_for_processes(self, index: int, count: int) -> "IndexedLoader":
+        """Yield only process ``index``'s rows of every batch (the ``index``-th of ``count`` equal blocks), for a
+        run spread over ``count`` processes: each feeds its own devices, and together they feed exactly the
+        batches one process would (``batch_size`` stays the global batch, ``len()`` and positions the same, so
+        resume works as before). A batch-level ``transform`` sees the whole batch, then its rows are taken, so its
+        randomness does not depend on the process count."""
+        if not (isinstance(count, int) and count >= 1 and isinstance(index, int) and 0 <= index < count):
+            raise DataError(f"shard_for_processes: got index={index!r}, count={count!r}; expected 0 <= index < count")
+        if self.batch_size % count:
+            raise DataError(f"batch_size={self.batch_size} does not split evenly over {count} processes; use a "
+                            f"multiple of {count}")
+        self._process = (index, count)
+        return self
+
+    def _rows(self, n: int) -> tuple[int, int]:
+        index, count = self._process
+        return index * n // count, (index + 1) * n // count
+
+    def _gather_rows(self, indices: np.ndarray, lo: int, hi: int) -> Batch:
+        """Rows ``lo:hi`` of the batch of ``indices``; loaders whose examples depend on their slot override it."""
+        return self._gather(indices[lo:hi])
 
     # -- size -------------------------------------------------------------------------------------------------
     @property
@@ -141,10 +164,14 @@ class IndexedLoader:
         ds = self._index_batches(epoch)
         num_batches = len(ds)
         for i in range(start, num_batches):
-            batch = self._gather(ds[i])
-            if self.transform is not None:
+            lo, hi = self._rows(len(ds[i]))
+            if self.transform is None:
+                batch = self._gather_rows(ds[i], lo, hi)
+            else:
                 rng = np.random.default_rng(_derive_seed(self.seed, epoch, i, _TRANSFORM_TAG))
-                batch = self.transform(batch, rng)
+                batch = self.transform(self._gather_rows(ds[i], 0, len(ds[i])), rng)
+                if (lo, hi) != (0, len(ds[i])):
+                    batch = {k: v[lo:hi] for k, v in batch.items()}
             # Advance before yielding: once the consumer holds batch i, the position is "next is i + 1".
             self._epoch, self._batch_index = (epoch + 1, 0) if i + 1 == num_batches else (epoch, i + 1)
             yield batch

@@ -299,8 +299,9 @@ class Trainer(ReadsPlan):
                 epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
                 if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
                     self._save()  # (an epoch's last batch is saved after the epoch closes, below)
-                if preemption.signal is not None and not epoch_complete:
-                    self._preempted(preemption.signal)  # (on an epoch's last batch: after the epoch closes)
+                stop_signal = preemption.poll(st.timestamp.batch)  # once per batch: a collective across processes
+                if stop_signal is not None and not epoch_complete:
+                    self._preempted(stop_signal)  # (on an epoch's last batch: after the epoch closes)
                 if (self._done() or st.stop_requested) and not epoch_complete:
                     break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
             else:
@@ -315,8 +316,8 @@ class Trainer(ReadsPlan):
                 if self._due(self.save_interval, TimeUnit.EPOCH) or \
                         self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
                     self._save()
-                if preemption.signal is not None:
-                    self._preempted(preemption.signal)
+                if stop_signal is not None:
+                    self._preempted(stop_signal)
                 continue
             break
         if self.eval_dataloader is not None and self.eval_interval is not None \
@@ -368,7 +369,8 @@ class Trainer(ReadsPlan):
                 host.update(batch, self._predict_fn()(self.state.train_state, batch))
             else:  # each batch's sums stay on the device until the end: no sync per batch
                 pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
-                parts.append(self._eval_step(self.state.train_state, *_pad(batch, pad_to)))
+                padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
+                parts.append(self._eval_step(self.state.train_state, *padded))
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -635,12 +637,14 @@ class Trainer(ReadsPlan):
                 if augment:
                     ctx = self._host_ctx(first_step + i - start)
                     batch = self.composed.apply_data(batch, ctx, (self.seed, position[0], i))
-                yield batch
+                # several processes: each loader holds its process's rows (shard_for_processes), Composer's
+                # per-rank batches; together they make the global batch
+                yield parallel.process_rows_to_global(batch, sharding)
 
         return prefetch_to_device(host_batches(), size=2, sharding=sharding)
 
     def _check_train_batch(self, batch: dict) -> None:
-        n = _batch_size(batch)
+        n = _batch_size(batch) * jax.process_count()  # the global batch
         if n % self.num_devices:
             raise ConfigurationError(
                 f"train batch size {n} is not divisible by the {self.num_devices} devices of the data axis; "
@@ -674,20 +678,33 @@ class Trainer(ReadsPlan):
 
 
 class _PreemptionGuard:
-    """Turns SIGTERM/SIGINT into a flag checked between steps, so a step is never cut in half. orbax only catches
-    preemption after ``jax.distributed.initialize``; this covers single-process runs. Outside the main thread
-    (where Python cannot install handlers) it does nothing."""
+    """Turns SIGTERM/SIGINT into a stop asked between steps, so a step is never cut in half.
+
+    One process: a Python handler sets a flag. Several processes (``jax.distributed``): they must all stop after
+    the same step, or the last checkpoint's collectives would wait for a process that left. JAX's preemption
+    notifier records SIGTERM in each process, and ``reached_preemption_sync_point`` (called by every process at
+    every step) agrees on the step to stop at, so no Python handler may replace its SIGTERM handler there; SIGINT
+    keeps Python's default (KeyboardInterrupt, without a checkpoint). Outside the main thread (where Python cannot
+    install handlers) it does nothing."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.signal, self._previous = None, {}
+        self._distributed = jax.process_count() > 1
 
     def _handle(self, signum, frame):
         self.signal = signum
 
+    def poll(self, step: int) -> int | None:
+        """The signal to stop for after ``step``, or None; every process calls it after every step."""
+        if self._distributed:
+            from jax.experimental import multihost_utils
+            return signal.SIGTERM if multihost_utils.reached_preemption_sync_point(int(step)) else None
+        return self.signal
+
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not self._distributed:
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
