@@ -275,21 +275,6 @@ JAX_SIGTERM_WORKER = """
 """
 
 
-@pytest.mark.slow  # two more JAX start-ups
-def test_jax_processes_stop_on_a_forwarded_sigterm(tmp_path):
-    worker = _script(tmp_path, "jax_sigterm.py", JAX_SIGTERM_WORKER)
-    done = threading.Event()
-    thread = _signal_me_when_ready([tmp_path / "ready0", tmp_path / "ready1"], [signal.SIGTERM], done)
-    start = time.monotonic()
-    code = launch([sys.executable, str(worker), str(tmp_path)], 2, cpu_devices_per_process=1,
-                  log_dir=tmp_path / "logs", grace_s=30)
-    done.set()
-    thread.join()
-    assert code == 143
-    assert (tmp_path / "got0").exists() and (tmp_path / "got1").exists()
-    assert time.monotonic() - start < 30  # they exited (through JAX's shutdown barrier), no SIGKILL was needed
-
-
 LAUNCHER_SCRIPT = """
     import sys
     from jaxcomposer.launch import launch

@@ -591,7 +591,7 @@ class Trainer(ReadsPlan):
 
     def _auto_microbatch_size(self, batch: dict, stage) -> int:
         """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the device memory,
-        read from XLA's memory analysis of each candidate (largest first) before anything runs. Composer instead
+        read from XLA's memory analysis of candidates (a binary search, largest first) before anything runs. Composer instead
         runs the step, catches CUDA's out-of-memory error and halves; that cannot work inside one compiled program,
         and asking the compiler is cheaper than failing. Candidates divide the batch and the batch ways."""
         n = _batch_size(batch)
@@ -600,11 +600,19 @@ class Trainer(ReadsPlan):
         chosen, needs = None, {}
         if budget is None:
             chosen = n  # no limit known (CPU): nothing to fit into
-        for m in sizes if chosen is None else ():
+        lo, hi = 0, len(sizes) - 1  # binary search: memory falls as microbatches shrink (sizes[lo] is largest)
+        while chosen is None and lo <= hi:
+            mid = (lo + hi) // 2
+            m = sizes[mid]
             needs[m] = parallel.memory_per_device(self.compiled_train_step(batch, stage, n // m))["peak"]
             if needs[m] <= budget:
-                chosen = m
-                break
+                hi = mid - 1
+            else:
+                lo = mid + 1
+        if budget is not None and lo < len(sizes):
+            chosen = sizes[lo]
+            if chosen not in needs:
+                needs[chosen] = parallel.memory_per_device(self.compiled_train_step(batch, stage, n // chosen))["peak"]
         if chosen is None:
             raise ConfigurationError(
                 f"device_train_microbatch_size='auto': even microbatches of {sizes[-1]} need {needs[sizes[-1]]:,} "

@@ -256,3 +256,22 @@ def test_prefetch_stops_thread_on_break_and_on_garbage_collection():
 def test_prefetch_rejects_bad_size():
     with pytest.raises(ValueError, match="size"):
         next(prefetch_to_device([], size=0))
+
+
+def test_process_shards_together_yield_the_one_process_batches_with_the_same_transform_draws():
+    from jaxcomposer.data import ArrayLoader
+    data = {"x": np.arange(40, dtype=np.float32).reshape(20, 2), "y": np.arange(20)}
+    noisy = lambda batch, rng: {**batch, "x": batch["x"] + rng.normal(size=batch["x"].shape)}
+    whole = ArrayLoader(data, 8, shuffle=True, seed=4, drop_last=True, transform=noisy)
+    parts = [ArrayLoader(data, 8, shuffle=True, seed=4, drop_last=True, transform=noisy).shard_for_processes(i, 2)
+             for i in range(2)]
+    for epoch in range(2):
+        for loader in (whole, *parts):
+            loader.set_epoch(epoch)
+        for full, a, b in zip(whole, *parts):
+            assert a["y"].shape == (4,)
+            for k in full:
+                np.testing.assert_array_equal(np.concatenate([a[k], b[k]]), full[k])
+    from jaxcomposer.errors import DataError
+    with pytest.raises(DataError, match="batch_size=8 does not split evenly over 3 processes"):
+        whole.shard_for_processes(0, 3)

@@ -114,8 +114,9 @@ def test_base_parameter_counts_equal_hugging_face(head):
 
 
 def test_large_parameter_counts_match_the_table():
-    for head, count in BERT_SIZES["bert-large-uncased"][4].items():
-        assert num_params(nnx.eval_shape(lambda: bert("bert-large-uncased", head=head))) == count
+    # the headless model (the heads on top are checked at base size, against HF's)
+    count = BERT_SIZES["bert-large-uncased"][4][None]
+    assert num_params(nnx.eval_shape(lambda: bert("bert-large-uncased", head=None))) == count
 
 
 @pytest.mark.parametrize("head", ["mlm", "classification", None])

@@ -32,7 +32,9 @@ def _torch_params(module: torch.nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parameter counts
-@pytest.mark.parametrize("depth", sorted(DEPTHS))
+# the sizes beyond these (ResNet-101/152, GPT-2 large/xl: 11 s of tracing) share the checked code; their table
+# rows are Composer's and torchvision's published counts
+@pytest.mark.parametrize("depth", [18, 34, 50])
 def test_resnet_param_counts_equal_torchvision(depth):
     ours = models.num_params(nnx.eval_shape(lambda: models.resnet(depth)))
     with torch.device("meta"):
@@ -40,7 +42,7 @@ def test_resnet_param_counts_equal_torchvision(depth):
     assert ours == theirs == DEPTHS[depth][2]
 
 
-@pytest.mark.parametrize("size", list(models.GPT2_SIZES))
+@pytest.mark.parametrize("size", ["gpt2", "gpt2-medium"])
 def test_gpt2_param_counts_equal_hugging_face(size):
     d, n_layers, n_heads, count = models.GPT2_SIZES[size]
     ours = models.num_params(nnx.eval_shape(lambda: models.gpt2(size)))

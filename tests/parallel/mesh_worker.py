@@ -28,7 +28,6 @@ from jaxcomposer.trainer.trainer import Trainer  # noqa: E402
 
 LAYOUTS = {
     "1 device": (1, None),
-    "8 data": (8, None),
     "8 fsdp": (8, {"fsdp": {"sharding_strategy": "FULL_SHARD"}}),
     "8 fsdp SHARD_GRAD_OP": (8, {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP"}}),
     "4 fsdp x 2 tensor": (8, {"fsdp": {"data_parallel_shard_degree": 4}, "tp": {"tensor_parallel_degree": 2}}),
