@@ -43,6 +43,9 @@ ENV_COORDINATOR = "JAXCOMPOSER_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAXCOMPOSER_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXCOMPOSER_PROCESS_ID"
 ENV_HEARTBEAT_TIMEOUT = "JAXCOMPOSER_HEARTBEAT_TIMEOUT"
+# =auto: let jax.distributed.initialize() find the job by itself (TPU pods, Kubernetes, and anything else JAX
+# detects beyond the SLURM and Open MPI cases recognised here)
+ENV_AUTO = "JAXCOMPOSER_DISTRIBUTED"
 _REQUIRED_ENV = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 100  # jax.distributed.initialize's own default
@@ -141,8 +144,9 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ, *,
     Must run before the first JAX computation (JAX refuses to initialize afterwards). Three cases:
 
     - started by ``jaxcomposer launch``: its variables give the coordinator, process count and id;
-    - one task of several under SLURM (``srun``) or Open MPI (``mpirun``): ``jax.distributed.initialize()`` without
-      arguments, JAX detects the rest (from ``os.environ``, whatever ``environ`` says);
+    - one task of several under SLURM (``srun``) or Open MPI (``mpirun``), or ``JAXCOMPOSER_DISTRIBUTED=auto`` (TPU
+      pods, Kubernetes): ``jax.distributed.initialize()`` without arguments, JAX detects the rest (from
+      ``os.environ``, whatever ``environ`` says);
     - otherwise a single-process run: nothing to do, False.
 
     Calling it again is harmless (True once initialized), so a library and its caller may both call it. After it
@@ -159,7 +163,7 @@ def initialize_from_env(environ: Mapping[str, str] = os.environ, *,
                                    heartbeat_timeout_seconds=settings.heartbeat_timeout_s,
                                    initialization_timeout=initialization_timeout_s)
         return True
-    if detected_cluster(environ) is not None:
+    if environ.get(ENV_AUTO, "").strip().lower() in ("1", "true", "auto") or detected_cluster(environ) is not None:
         jax.distributed.initialize(initialization_timeout=initialization_timeout_s)
         return True
     return False

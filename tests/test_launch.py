@@ -397,6 +397,22 @@ def test_a_single_process_run_initializes_nothing():
     assert initialize_from_env({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is False
 
 
+@pytest.mark.parametrize("environ, calls", [
+    ({"JAXCOMPOSER_DISTRIBUTED": "auto"}, [{"initialization_timeout": 300}]),  # TPU pods, Kubernetes: JAX detects
+    ({"JAXCOMPOSER_DISTRIBUTED": "0"}, []),
+    ({ENV_COORDINATOR: "h:5", ENV_NUM_PROCESSES: "2", ENV_PROCESS_ID: "1"},
+     [{"coordinator_address": "h:5", "num_processes": 2, "process_id": 1, "heartbeat_timeout_seconds": 100,
+       "initialization_timeout": 300}]),
+])
+def test_what_initialize_from_env_asks_of_jax(environ, calls, monkeypatch):
+    import jax
+    seen = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: seen.append(kw))
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    assert initialize_from_env(environ) is bool(calls)
+    assert seen == calls
+
+
 SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "8", "SLURM_PROCID": "3",
               "SLURM_LOCALID": "1"}
 
