@@ -99,6 +99,10 @@ SLEEPER = """
     with open(os.path.join(out, f"pid{rank}"), "w") as f:
         f.write(str(os.getpid()))
     if rank == failing_rank:
+        # fail only once every process has started and written its pid (a loaded machine starts Python slowly)
+        deadline = time.monotonic() + 30
+        while not all(os.path.exists(os.path.join(out, f"pid{r}")) for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(0.3)
         print(f"rank {rank} is about to fail ({how})", file=sys.stderr, flush=True)
         if how == "sigkill":

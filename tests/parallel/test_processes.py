@@ -8,6 +8,7 @@
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,16 @@ def test_two_processes_train_as_one_process_on_the_same_devices(uninterrupted, t
         np.testing.assert_allclose(two[k], one_params[k], rtol=1e-5, atol=2e-5, err_msg=k)
     # every process wrote its shards of each checkpoint: 6 batches, one every 2
     assert sorted(p.name for p in (uninterrupted / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4", "6"]
+
+    # and one process on 2 devices restores what the two wrote: autoresume finds the run complete at batch 6
+    restored = tmp_path / "restored"
+    shutil.copytree(uninterrupted / "checkpoints", restored / "checkpoints")
+    proc = subprocess.run([sys.executable, str(WORKER), str(restored), "fsdp"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))  # the suite's 2 devices
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((restored / "losses.json").read_text())["losses"] == {}  # nothing left to train
+    again = result(restored)
+    assert all(np.array_equal(again[k], two[k]) for k in two)
 
 
 @pytest.mark.slow
