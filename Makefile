@@ -47,7 +47,7 @@ demo: $(STAMP) data
 # 3 workers on 2 cores: subprocess tests and checkpoint I/O leave a core idle at times; slow tests run first
 # (tests/conftest.py); --dist loadgroup keeps files with module-level caches on one worker.
 test: $(STAMP) data
-	$(WITH_PYC) $(VENV)/bin/pytest -n 3 --dist loadgroup -q
+	$(WITH_PYC) $(VENV)/bin/pytest -n 3 --dist loadgroup -q --durations=40
 
 test-fast: $(STAMP) data
 	$(WITH_PYC) $(VENV)/bin/pytest -n 3 --dist loadgroup -q -m "not slow"
