@@ -1,18 +1,39 @@
-"""jaxcomposer: MosaicML Composer's speedup methods as composable pure transforms in JAX."""
-from jaxcomposer.core.events import Callback, Event, RunState
-from jaxcomposer.core.method import Method, ModelView, PostStep, RunInfo, StepCtx, compose
-from jaxcomposer.core.model import PureModel, Task, from_nnx
-from jaxcomposer.core.state import TrainState
-from jaxcomposer.core.time import Time, TimeUnit, Timestamp
-from jaxcomposer.config import Config, ConfigError, load_config
-from jaxcomposer.runner import FitResult, fit
-from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier
-from jaxcomposer.errors import ConfigurationError, JaxComposerError
-from jaxcomposer.trainer.trainer import Trainer
-from jaxcomposer import algorithms, callbacks, functional, loggers, metrics, optim  # noqa: E402
+"""jaxcomposer: MosaicML Composer's speedup methods as composable pure transforms in JAX.
 
-__all__ = ["Callback", "ComposerCausalLM", "ComposerClassifier", "Config", "ConfigError", "ConfigurationError", "JaxComposerError",
-           "Event", "FitResult", "Method", "ModelView", "PostStep", "PureModel", "RunInfo", "RunState", "StepCtx", "Task", "Time", "TimeUnit",
-           "Timestamp", "Trainer", "TrainState", "algorithms", "callbacks", "compose", "fit", "from_nnx",
-           "functional", "load_config", "loggers", "metrics", "optim"]
+The names below load on first use (PEP 562), so ``jaxcomposer launch`` and ``jaxcomposer --help`` start without
+importing JAX; ``import jaxcomposer`` followed by ``jaxcomposer.Trainer`` or ``from jaxcomposer import Trainer``
+work as with eager imports.
+"""
+import importlib
+
+_HOMES = {  # public name -> the module that defines it
+    "Callback": "jaxcomposer.core.events", "Event": "jaxcomposer.core.events", "RunState": "jaxcomposer.core.events",
+    "Method": "jaxcomposer.core.method", "ModelView": "jaxcomposer.core.method", "PostStep": "jaxcomposer.core.method",
+    "RunInfo": "jaxcomposer.core.method", "StepCtx": "jaxcomposer.core.method", "compose": "jaxcomposer.core.method",
+    "PureModel": "jaxcomposer.core.model", "Task": "jaxcomposer.core.model", "from_nnx": "jaxcomposer.core.model",
+    "TrainState": "jaxcomposer.core.state",
+    "Time": "jaxcomposer.core.time", "TimeUnit": "jaxcomposer.core.time", "Timestamp": "jaxcomposer.core.time",
+    "Config": "jaxcomposer.config", "ConfigError": "jaxcomposer.config", "load_config": "jaxcomposer.config",
+    "FitResult": "jaxcomposer.runner", "fit": "jaxcomposer.runner",
+    "ComposerCausalLM": "jaxcomposer.models.tasks", "ComposerClassifier": "jaxcomposer.models.tasks",
+    "ConfigurationError": "jaxcomposer.errors", "JaxComposerError": "jaxcomposer.errors",
+    "Trainer": "jaxcomposer.trainer.trainer",
+}
+_SUBMODULES = ("algorithms", "callbacks", "functional", "loggers", "metrics", "optim")
+
+__all__ = sorted([*_HOMES, *_SUBMODULES])
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"jaxcomposer.{name}")
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'jaxcomposer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -59,8 +59,14 @@ def host_params(t: Trainer) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in flat_paths(t.state.train_state.params).items()}
 
 
+def host_state(t: Trainer) -> list[np.ndarray]:
+    """Every leaf of the train state: parameters, optimizer moments, step counters, the PRNG key."""
+    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+            for x in jax.tree.leaves(t.state.train_state)]
+
+
 def main(out: str) -> None:
-    results, final = {}, {}
+    results, final, states, saved = {}, {}, {}, {}
     batch = {"input_ids": TOKENS[:16]}
     for name, (n, layout) in LAYOUTS.items():
         t, losses = trainer(n, layout)
@@ -80,15 +86,17 @@ def main(out: str) -> None:
                                                for k in params)),
             "qkv_kernel_spec": str(state.params["blocks"][0]["attn"]["qkv"]["kernel"].sharding.spec),
         }
-        if name == "8 fsdp":
-            saved = t.save_checkpoint(os.path.join(os.path.dirname(os.path.abspath(out)), "fsdp8_ckpt"))
-    # a checkpoint written by the 8-way FSDP run, restored onto other layouts: the same values, bit for bit
-    for name in ("1 device", "4 fsdp x 2 tensor"):
+        if name in ("1 device", "8 fsdp"):
+            states[name] = host_state(t)
+            saved[name] = t.save_checkpoint(os.path.join(os.path.dirname(os.path.abspath(out)), f"{n}_ckpt"))
+    # a checkpoint written by one layout, restored onto others: the whole train state, bit for bit
+    for source, name in (("8 fsdp", "1 device"), ("8 fsdp", "4 fsdp x 2 tensor"), ("1 device", "8 fsdp")):
         n, layout = LAYOUTS[name]
-        t, _ = trainer(n, layout, load_path=str(saved))
-        restored = host_params(t)
-        results[f"restore 8 fsdp -> {name}"] = {
-            "bitwise_equal": all(np.array_equal(restored[k], final["8 fsdp"][k]) for k in restored),
+        t, _ = trainer(n, layout, load_path=str(saved[source]))
+        restored = host_state(t)
+        results[f"restore {source} -> {name}"] = {
+            "bitwise_equal": len(restored) == len(states[source]) and all(
+                np.array_equal(a, b) for a, b in zip(restored, states[source])),
             "layout_of_qkv": str(t.state.train_state.params["blocks"][0]["attn"]["qkv"]["kernel"].sharding.spec)}
     with open(out, "w") as f:
         json.dump(results, f, indent=1)

@@ -21,6 +21,8 @@ from jaxcomposer.parallel import Parallelism, param_specs, parse_parallelism
 from jax.sharding import PartitionSpec as P
 
 WORKER = Path(__file__).with_name("mesh_worker.py")
+# one worker runs the whole file: its module fixture (a subprocess run) then runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("mesh_layouts")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,8 @@ def test_a_checkpoint_written_sharded_restores_bitwise_onto_other_layouts(eight_
     assert eight_devices["restore 8 fsdp -> 1 device"] == {"bitwise_equal": True, "layout_of_qkv": "P(None, None)"}
     assert eight_devices["restore 8 fsdp -> 4 fsdp x 2 tensor"] == {"bitwise_equal": True,
                                                                     "layout_of_qkv": "P('fsdp', 'tensor')"}
+    # and back: one device's checkpoint onto 8-way FSDP
+    assert eight_devices["restore 1 device -> 8 fsdp"] == {"bitwise_equal": True, "layout_of_qkv": "P(None, 'fsdp')"}
 
 
 # ---- options and rules, in process ----

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 WORKER = Path(__file__).with_name("process_worker.py")
+# one worker runs the whole file: its module fixture (a subprocess run) then runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("processes")
 GRACE_S = 30  # for processes asked to stop (SIGTERM): they finish a step and save it
 # once a process is lost the survivor is stuck in a collective (or in JAX's shutdown barrier) and ignores SIGTERM
 # (JAX's preemption notifier holds it): the launcher SIGKILLs it after this grace, so keep it short

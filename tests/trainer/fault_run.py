@@ -1,15 +1,11 @@
 """A training run for the fault-injection tests, launched as its own process so it can be SIGKILLed.
 
-``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume] [--restored PATH] [--small]``:
-trains an MLP with dropout under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving
-asynchronously every 2 batches to ``FOLDER`` (``-``: nowhere, for a reference run); at the end writes every leaf of the train state, the timestamp and the
-loader position to ``OUT`` (an ``.npz``); ``--restored`` also writes the state as it was right after building the
-trainer (after autoresume restored it). The hidden layers are wide (2.4M parameters; with momentum and EMA ~28 MB
+``python tests/trainer/fault_run.py FOLDER DEVICES MAX_BATCHES OUT [--autoresume]``: trains an MLP with dropout
+under MixUp + EMA on shuffled digits with ``DEVICES`` fake CPU devices, saving asynchronously every 2 batches to
+``FOLDER`` (``-``: nowhere, for a reference run); at the end writes every leaf of the train state, the timestamp and the
+loader position to ``OUT`` (an ``.npz``). The hidden layers are wide (2.4M parameters; with momentum and EMA ~28 MB
 per checkpoint, above the 16 MiB up to which states are written as ``.npz`` items) so a save goes through orbax's
-array format and takes long enough for a kill to land inside it; ``--small`` trains a narrow one where no kill has
-to land, saved in the ``.npz`` format.
-
-``main`` also runs in the test process (``devices``: the ones the Trainer uses; by default all of the process's).
+array format and takes long enough for a kill to land inside it.
 """
 import os
 import sys
@@ -25,8 +21,7 @@ def dump(path, trainer, loader) -> None:
              loader=np.array([loader.get_state()["epoch"], loader.get_state()["batch_index"]]))
 
 
-def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: str | None, small: bool,
-         devices=None) -> None:
+def main(folder: str, max_batches: int, out: str, autoresume: bool) -> None:
     from flax import nnx
 
     from jaxcomposer import Trainer
@@ -37,18 +32,15 @@ def main(folder: str, max_batches: int, out: str, autoresume: bool, restored: st
     from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
     from tests.trainer.helpers import digits
 
-    hidden = (64,) if small else (4096, 512)
-    task = ComposerClassifier(MLP(64, hidden=hidden, num_classes=10, dropout=0.2, rngs=nnx.Rngs(0)),
+    task = ComposerClassifier(MLP(64, hidden=(4096, 512), num_classes=10, dropout=0.2, rngs=nnx.Rngs(0)),
                               num_classes=10)
     loader = ArrayLoader(digits("train", 512), 32, seed=5)
     trainer = Trainer(model=task, train_dataloader=loader, max_duration=f"{max_batches}ba",
                       optimizers=DecoupledSGDW(lr=0.05, momentum=0.9, weight_decay=1e-4),
                       schedulers=[CosineAnnealingScheduler()], algorithms=[MixUp(alpha=0.4), EMA(half_life="3ba")],
                       seed=11, progress_bar=False, run_name="fault", save_folder=None if folder == "-" else folder,
-                      save_interval="2ba", autoresume=autoresume, devices=devices)
+                      save_interval="2ba", autoresume=autoresume)
     print(f"START batch={trainer.state.timestamp.batch}", flush=True)
-    if restored:
-        dump(restored, trainer, loader)
     trainer.fit()
     trainer.close()
     dump(out, trainer, loader)
@@ -61,6 +53,4 @@ if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = " ".join([*inherited, f"--xla_force_host_platform_device_count={int(sys.argv[2])}"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    extra = sys.argv[5:]
-    main(sys.argv[1], int(sys.argv[3]), sys.argv[4], "--autoresume" in extra,
-         extra[extra.index("--restored") + 1] if "--restored" in extra else None, "--small" in extra)
+    main(sys.argv[1], int(sys.argv[3]), sys.argv[4], "--autoresume" in sys.argv[5:])
