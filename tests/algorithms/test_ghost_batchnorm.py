@@ -19,8 +19,8 @@ from torch_bridge.methods.ghost_batchnorm import GhostBatchNorm1d, GhostBatchNor
 from torch_bridge.surgery import count_module_instances
 from tests.algorithms.algo_testing import Example
 
-# the contract's batches have 32 examples (16 ghost batches), the composition table's surgery check 4 (2 of them)
-EXAMPLE = Example(lambda: algorithms.GhostBatchNorm(ghost_batch_size=2))
+# the contract's batches have 32 examples (8 ghost batches), the composition table's surgery check 4 (one)
+EXAMPLE = Example(lambda: algorithms.GhostBatchNorm(ghost_batch_size=4))
 
 EPS = 1e-5
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.parallel import process_worker
+
 WORKER = Path(__file__).with_name("process_worker.py")
 # one worker runs the whole file: its module fixture (a subprocess run) then runs once, not once per worker
 pytestmark = pytest.mark.xdist_group("processes")
@@ -76,12 +78,11 @@ def test_two_processes_train_as_one_process_on_the_same_devices(uninterrupted, t
     # every process wrote its shards of each checkpoint: 6 batches, one every 2
     assert sorted(p.name for p in (uninterrupted / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4", "6"]
 
-    # and one process on 2 devices restores what the two wrote: autoresume finds the run complete at batch 6
+    # and this test process (one process, the suite's 2 devices) restores what the two wrote: autoresume finds the
+    # run complete at batch 6
     restored = tmp_path / "restored"
     shutil.copytree(uninterrupted / "checkpoints", restored / "checkpoints")
-    proc = subprocess.run([sys.executable, str(WORKER), str(restored), "fsdp"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))  # the suite's 2 devices
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    process_worker.main(str(restored), "fsdp", None)
     assert json.loads((restored / "losses.json").read_text())["losses"] == {}  # nothing left to train
     again = result(restored)
     assert all(np.array_equal(again[k], two[k]) for k in two)
