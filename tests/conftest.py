@@ -5,7 +5,7 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   through JAX's persistent compilation cache, in a directory made fresh for each run: many tests build the same
   step for the same model and recipe (the contract's straight and resumed Trainers), and the second build then
   costs a trace instead of an XLA compile. Every compile is stored, the one-op programs of eager code too
-  (model initializers, metrics, test code): each costs XLA:CPU ~40 ms and the three workers would otherwise
+  (model initializers, metrics, test code): each costs XLA:CPU ~40 ms and the workers would otherwise
   compile the same ones three times (paired runs of tests/algorithms: 3-24% less CPU time than storing only
   compiles slower than 0.3 s);
 - tests compile without most XLA optimizations (``jax_disable_most_optimizations``) and with XLA:CPU's older
@@ -15,7 +15,7 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   fixed ones). The SIGKILL-and-autoresume runs (tests/trainer/test_fault_injection.py) compile as users do,
   optimized and with the default emitters, so bitwise resume is still checked in the configuration users run;
 - XLA:CPU emits each program as one LLVM module (``--xla_cpu_parallel_codegen_split_count=1``) instead of splitting
-  it to compile the parts on parallel threads: on two cores busy with three workers the split buys no wall time
+  it to compile the parts on parallel threads: on two cores busy with the workers the split buys no wall time
   and costs CPU time (each part repeats shared work): a beta sample's program 1.0 s -> 0.7 s of CPU, a small
   ResNet's gradient 0.7 s -> 0.4 s, tests/algorithms/test_cutmix.py, test_composition.py,
   tests/torch_bridge/test_ops_nn.py and tests/models/test_resnet.py together 130 s -> 106 s;
