@@ -51,7 +51,7 @@ class RunningStat(nnx.BatchStat):
     replaces the value directly, which is what flax ends up doing. flax first compares the new value's
     ``.sharding`` with the old one's, and on a traced value that property raises an error whose message walks the
     whole jaxpr traced so far: one walk per write, so a training trace costs time quadratic in the depth (a
-    ResNet-50's: 1.3 s of 5.3 s). Values, and so results, are unchanged."""
+    ResNet-50's gradient: 5.3 s -> 4.5 s of tracing). Values, and so results, are unchanged."""
 
     def __setitem__(self, key, value) -> None:
         if key is Ellipsis:
