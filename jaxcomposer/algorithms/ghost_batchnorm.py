@@ -59,6 +59,7 @@ from jaxcomposer.algorithms.blurpool import NoEffectWarning
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
+from jaxcomposer.models.norms import with_cheap_stat_writes
 
 __all__ = ["GhostBatchNorm", "GhostBatchNormModule", "apply_ghost_batchnorm", "ghost_chunk_sizes"]
 
@@ -92,7 +93,8 @@ class GhostBatchNormModule(nnx.Module):
             raise ValueError(f"GhostBatchNorm: the batch axis (0) is a feature axis of this BatchNorm "
                              f"(axis={batchnorm.axis}); ghost batches split axis 0.")
         self.ghost_batch_size = _check_ghost_batch_size(ghost_batch_size, "GhostBatchNorm")
-        self.batchnorm = batchnorm
+        # one running-stat write per chunk: without cheap writes the trace grows quadratically in chunks
+        self.batchnorm = with_cheap_stat_writes(batchnorm)
 
     def __call__(self, x: jax.Array, use_running_average: bool | None = None, *,
                  mask: jax.Array | None = None) -> jax.Array:
@@ -109,26 +111,14 @@ class GhostBatchNormModule(nnx.Module):
         # flax's update is ``momentum * r + (1 - momentum) * stat``: torch's momentum is ``1 - momentum``.
         bn.momentum = 1.0 - (1.0 - momentum) / n_asked
         try:
-            graphdef, state = nnx.split(bn)
+            outs, start = [], 0
+            for size in sizes:
+                chunk_mask = None if mask is None else jax.lax.slice_in_dim(mask, start, start + size, axis=0)
+                outs.append(bn(jax.lax.slice_in_dim(x, start, start + size, axis=0), use_running_average=False,
+                               mask=chunk_mask))
+                start += size
         finally:
             bn.momentum = momentum  # a static attribute: restored before the graph is split again
-
-        # Each chunk runs in a nested jit: writing a running statistic costs flax a walk over the jaxpr traced so
-        # far (the error message of a tracer's ``.sharding``), so chunks inlined in the step's trace cost a time
-        # quadratic in their number (a ResNet-8 gradient with 8 chunks: 4.9 s of tracing, 1.3 s nested); nested, each
-        # walk sees one chunk, and chunks of one shape are traced once.
-        @jax.jit
-        def one_chunk(state, chunk, chunk_mask):
-            module = nnx.merge(graphdef, state)
-            return module(chunk, use_running_average=False, mask=chunk_mask), nnx.state(module)
-
-        outs, start = [], 0
-        for size in sizes:
-            chunk_mask = None if mask is None else jax.lax.slice_in_dim(mask, start, start + size, axis=0)
-            out, state = one_chunk(state, jax.lax.slice_in_dim(x, start, start + size, axis=0), chunk_mask)
-            outs.append(out)
-            start += size
-        nnx.update(bn, state)
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 

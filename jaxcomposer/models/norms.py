@@ -1,0 +1,29 @@
+"""Cheap running-statistic writes for ``nnx.BatchNorm`` inside a trace.
+
+``nnx.BatchNorm`` updates its running mean and variance with ``stat[...] = new``. Before replacing the value, flax
+compares the new value's ``.sharding`` with the old one's, and on a traced value that property raises an error whose
+message walks the whole jaxpr traced so far. That is one walk per write, so a training trace costs time quadratic in
+the number of writes: a ResNet-50's gradient traced in 5.3 s instead of 4.5 s, and GhostBatchNorm, which writes once
+per chunk, took 4.9 s instead of 1.3 s for a ResNet-8 with 8 chunks.
+"""
+from __future__ import annotations
+
+from flax import nnx
+
+
+class RunningStat(nnx.BatchStat):
+    """A BatchNorm running statistic whose whole-array write replaces the value directly, which is what flax ends up
+    doing for an array of the same shape: values, and so results, are unchanged."""
+
+    def __setitem__(self, key, value) -> None:
+        if key is Ellipsis:
+            self.set_value(value)
+        else:
+            super().__setitem__(key, value)
+
+
+def with_cheap_stat_writes(bn: nnx.BatchNorm) -> nnx.BatchNorm:
+    """``bn`` (in place) with its running statistics held in :class:`RunningStat` variables."""
+    if not isinstance(bn.mean, RunningStat):
+        bn.mean, bn.var = RunningStat(bn.mean.get_value()), RunningStat(bn.var.get_value())
+    return bn
