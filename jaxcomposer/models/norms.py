@@ -12,11 +12,14 @@ from flax import nnx
 
 
 class RunningStat(nnx.BatchStat):
-    """A BatchNorm running statistic whose whole-array write replaces the value directly, which is what flax ends up
-    doing for an array of the same shape: values, and so results, are unchanged."""
+    """A BatchNorm running statistic whose whole-array write of a same-shape, same-dtype value replaces the value
+    directly, which is what flax ends up doing for one: values, and so results, are unchanged. Other writes
+    (broadcasts, partial indices) take flax's path."""
 
     def __setitem__(self, key, value) -> None:
-        if key is Ellipsis:
+        old = self.get_value()
+        same = getattr(value, "shape", None) == old.shape and getattr(value, "dtype", None) == old.dtype
+        if key is Ellipsis and same:
             self.set_value(value)
         else:
             super().__setitem__(key, value)

@@ -37,4 +37,6 @@ def test_the_same_outputs_gradients_and_running_statistics_as_flax():
     assert type(merged.var) is RunningStat
     merged.var[1] = 5.0
     np.testing.assert_array_equal(merged.var.get_value(), [1.0, 5.0, 1.0])
+    merged.var[...] = 2.0  # a broadcast write keeps flax's meaning (and the array's shape)
+    np.testing.assert_array_equal(merged.var.get_value(), [2.0, 2.0, 2.0])
     assert with_cheap_stat_writes(merged) is merged and type(merged.mean) is RunningStat  # idempotent
