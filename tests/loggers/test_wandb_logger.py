@@ -25,6 +25,8 @@ def read_records(path: Path) -> list:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record the writer has not finished flushing
+            break
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == 1:
@@ -38,6 +40,20 @@ def read_records(path: Path) -> list:
     return [pb.Record.FromString(p) for p in payloads]
 
 
+def read_finished_run(run_dir: Path, timeout_s: float = 60.0) -> list:
+    """The records of the one offline run under ``run_dir``, once wandb's service has written its exit record:
+    ``run.finish()`` returns when the service has the records, and the service's writer flushes the file moments
+    later (under load the file was read back holding its header only)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+        records = read_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
 def test_offline_run_holds_metrics_config_and_names(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     state = make_state(run_name="wb-run", total_steps=10)
@@ -45,8 +61,7 @@ def test_offline_run_holds_metrics_config_and_names(tmp_path, monkeypatch):
     log = WandBLogger(project="proj", group="g", tags=["a", "b"])
     log.log_hyperparameters({"lr": 0.1})
     fake_fit([log], state, LOSSES, eval_fn=accuracy_eval([0.5, 0.75]))
-    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")  # offline, in the run directory
-    records = read_records(path)
+    records = read_finished_run(tmp_path / "run")  # offline, in the run directory
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.display_name, run.project, run.run_group, list(run.tags)) == ("wb-run", "proj", "g", ["a", "b"])
     key = lambda item: item.key or "/".join(item.nested_key)
