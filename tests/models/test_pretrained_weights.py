@@ -82,6 +82,11 @@ def _images(seed: int = 0, size: int = 32, batch: int = 2):
     return jnp.asarray(x), torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
+# The models run jitted: run eagerly, every op of the forward and backward passes is compiled on its own (a
+# ResNet's ~900 programs cost 37 s of CPU in the suite; one jitted program costs a few seconds)
+_eval_forward = nnx.jit(lambda model, x: model(x, train=False))
+
+
 def _template(name: str) -> nnx.Module:
     depth, kw = RESNET_CASES[name]
     return nnx.eval_shape(lambda: models.resnet(depth, **{**kw, "layers": tuple(kw["layers"])}))
@@ -102,7 +107,7 @@ def test_resnet_eval_forward_matches_torchvision(resnet_pairs, name):
     x_ours, x_theirs = _images()
     with torch.no_grad():
         want = theirs(x_theirs).numpy()
-    assert_close_on_scale(np.asarray(ours(x_ours, train=False)), want, MODEL_TOL, name)
+    assert_close_on_scale(np.asarray(_eval_forward(ours, x_ours)), want, MODEL_TOL, name)
 
 
 @pytest.mark.parametrize("name", list(RESNET_CASES))
@@ -121,7 +126,7 @@ def test_resnet_train_forward_and_grads_match_torchvision(resnet_pairs, name):
         logits = m(x_ours, train=True)
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.asarray(y)[:, None], 1)), logits
 
-    (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(ours)
+    (loss, logits), grads = nnx.jit(nnx.value_and_grad(loss_fn, has_aux=True))(ours)
     torch_logits = theirs(x_theirs)
     torch_loss = torch.nn.functional.cross_entropy(torch_logits, torch.from_numpy(y))
     torch_loss.backward()
@@ -200,13 +205,13 @@ def test_gpt2_logits_and_grads_match_hugging_face(hf_gpt2):
     assert conversion_table(ours, "hf").layout == "hf"
     ids, ids_t = _tokens()
     logits_t = hf_gpt2(ids_t).logits
-    assert_close_on_scale(np.asarray(ours(ids, train=False)), logits_t.detach(), MODEL_TOL, "logits")
+    assert_close_on_scale(np.asarray(_eval_forward(ours, ids)), logits_t.detach(), MODEL_TOL, "logits")
 
     def loss_fn(m):
         logits = m(ids[:, :-1], train=False)
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), ids[:, 1:, None], -1))
 
-    grads = nnx.grad(loss_fn)(ours)
+    grads = nnx.jit(nnx.grad(loss_fn))(ours)
     hf_gpt2.zero_grad()
     # HF shifts the labels inside, so the full sequence as labels is the same next-token CE over positions 0..T-2
     hf_gpt2(ids_t, labels=ids_t.clone()).loss.backward()
