@@ -31,10 +31,16 @@ CHANNELS_LAST_ATTR = "_torch_bridge_channels_last"
 
 
 def _to_jax(x):
+    # Host arrays: a private copy (np.array), then device_put. jnp.asarray of a numpy array compiles an identity
+    # program for every new shape and dtype (~30 ms each on CPU: a model's conversion paid it per parameter shape);
+    # device_put alone aliases an aligned host buffer on CPU (even with may_alias=False, JAX 0.10), and a torch
+    # tensor's .numpy() is the tensor's own memory, which torch (or to_torch) may later write in place.
     if isinstance(x, torch.Tensor):
-        return jnp.asarray(to_numpy(x))
-    if isinstance(x, np.ndarray) and x.dtype in (np.int64, np.uint64, np.float64):
-        x = x.astype({np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}.get(x.dtype, np.float32))
+        x = to_numpy(x)
+    if isinstance(x, np.ndarray):
+        if x.dtype in (np.int64, np.uint64, np.float64):
+            x = x.astype({np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}.get(x.dtype, np.float32))
+        return jax.device_put(np.array(x))
     return jnp.asarray(x)
 
 
@@ -200,5 +206,5 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
             if leaf != name:
                 aliases[name] = leaf
                 continue
-        {"param": params, "buffer": buffers, "constant": constants}[kind][name] = jnp.asarray(to_numpy(tensor))
+        {"param": params, "buffer": buffers, "constant": constants}[kind][name] = _to_jax(tensor)
     return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch, conv_layout)

@@ -39,10 +39,11 @@ def assert_close_on_scale(got, want, tol, where=""):
 
 
 def to_jax(x):
-    """Torch tensors as JAX arrays, also inside lists, tuples and dicts; anything else as it is. (``device_put``:
-    ``jnp.asarray`` of a numpy array compiles an identity program per new shape and dtype, ~30 ms each.)"""
+    """Torch tensors as JAX arrays, also inside lists, tuples and dicts; anything else as it is. (A copy put on the
+    device: ``jnp.asarray`` of a numpy array compiles an identity program per new shape and dtype, ~30 ms each, and
+    ``device_put`` alone would alias the tensor's memory, which in-place torch ops write.)"""
     if isinstance(x, torch.Tensor):
-        return jax.device_put(to_numpy(x))
+        return jax.device_put(np.array(to_numpy(x)))
     if isinstance(x, (list, tuple)):
         return type(x)(to_jax(e) for e in x)
     if isinstance(x, dict):

@@ -110,6 +110,20 @@ def test_conversion_keeps_module_mode_and_state(case):
         np.testing.assert_array_equal(np.asarray(value), module.state_dict()[name].numpy())  # copied exactly
 
 
+def test_converted_arrays_do_not_share_the_modules_memory():
+    """The module's tensors written in place after conversion (a torch optimizer step, ``to_torch``) leave the
+    bridged params and buffers as converted: they are copies, not views of torch's memory (a device_put of a
+    tensor's .numpy() alone would alias it on CPU)."""
+    module = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16))
+    bm = from_torch(module, (torch.randn(2, 4),))
+    before = {k: np.array(v) for k, v in {**bm.params, **bm.buffers}.items()}
+    with torch.no_grad():
+        for tensor in module.state_dict().values():
+            tensor.add_(1)
+    for k, v in {**bm.params, **bm.buffers}.items():
+        np.testing.assert_array_equal(np.asarray(v), before[k], err_msg=k)
+
+
 def test_jit_equals_eager(case):
     _, bm, x = case
     apply = jax.jit(bm.apply, static_argnames="train")

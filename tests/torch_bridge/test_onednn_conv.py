@@ -48,7 +48,7 @@ def _operands(layout, shape, kernel, cout, groups, seed=0):
     w = (rng.standard_normal((kh, kw, cin // groups, cout)) / np.sqrt(kh * kw * cin / groups)).astype(np.float32)
     if layout == NCHW:
         w = w.transpose(3, 2, 0, 1)
-    return jnp.asarray(x), jnp.asarray(w)
+    return jax.device_put(x), jax.device_put(w)
 
 
 def _conv_pair(layout, strides, padding, dilation, groups):
@@ -71,13 +71,14 @@ def test_values_and_gradients_match_lax(case):
     x, w = _operands(layout, shape, kernel, cout, groups)
     ref, ours = _conv_pair(layout, strides, padding, dilation, groups)
     assert _custom_calls(ours, x, w) == "forward"
-    np.testing.assert_allclose(jax.jit(ours)(x, w), ref(x, w), rtol=RTOL, atol=ATOL)
+    want = jax.jit(ref)(x, w)  # the reference jitted too: eager, each of its ops compiles on its own
+    np.testing.assert_allclose(jax.jit(ours)(x, w), want, rtol=RTOL, atol=ATOL)
 
-    probe = jnp.asarray(np.random.default_rng(1).standard_normal(ref(x, w).shape), jnp.float32)
+    probe = jax.device_put(np.random.default_rng(1).standard_normal(want.shape).astype(np.float32))
     # Each gradient O(1) too, as the outputs: an input gradient sums kh*kw*cout/groups terms of the scaled kernel,
     # but a kernel gradient sums batch*out_h*out_w terms of x * probe, so its probe is scaled by 1/sqrt(that count)
     # (unscaled, it is O(20) here and 1e-5 is below float32's rounding of such a sum)
-    spatial = [ref(x, w).shape[i] for i in ((1, 2) if layout == NHWC else (2, 3))]
+    spatial = [want.shape[i] for i in ((1, 2) if layout == NHWC else (2, 3))]
     probe_w = probe / np.sqrt(shape[0] * spatial[0] * spatial[1])
 
     def grads(conv):
@@ -86,9 +87,9 @@ def test_values_and_gradients_match_lax(case):
     assert _custom_calls(grads(ours)[0], x) == "input_grad"  # the loss is linear: no forward needed
     assert _custom_calls(grads(ours)[1], w) == "kernel_grad"
     for arg, got_fn, want_fn in zip((x, w), grads(ours), grads(ref)):
-        got, want = jax.jit(got_fn)(arg), want_fn(arg)
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+        got, want_grad = jax.jit(got_fn)(arg), jax.jit(want_fn)(arg)
+        assert got.shape == want_grad.shape
+        np.testing.assert_allclose(got, want_grad, rtol=RTOL, atol=ATOL)
 
 
 def test_eager_call_matches_jit():

@@ -15,7 +15,7 @@ A = torch.ops.aten
 
 def _j(x):
     if isinstance(x, torch.Tensor):
-        return jnp.asarray(x.detach().numpy() if x.dtype != torch.int64 else x.numpy().astype(np.int32))
+        return jax.device_put(np.array(x.detach().numpy(), np.int32 if x.dtype == torch.int64 else None))  # a copy
     if isinstance(x, (list, tuple)):
         return type(x)(_j(v) for v in x)
     return x

@@ -1,6 +1,7 @@
 """interop.torch_weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR and GPT."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def _init_nnx(model: nnx.Module, seed: int, case: str) -> None:
             value = 1.0 + 0.1 * noise if leaf == "scale" else np.ones(shape)
         else:  # bias, mean
             value = 0.1 * noise if leaf == "bias" else np.zeros(shape)
-        var.set_value(jnp.asarray(value.astype(dtype)))
+        var.set_value(jax.device_put(value.astype(dtype)))
     if isinstance(model, ResNetCIFAR):
         for s in range(3):
             model(_inputs(case, seed=100 + s)[0], train=True)
