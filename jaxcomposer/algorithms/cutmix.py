@@ -54,6 +54,7 @@ import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import spatial_axes
+from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
@@ -66,7 +67,7 @@ LAMBDA_KEY = "cutmix/lambda"
 def _gen_cutmix_coef(key: jax.Array, alpha: float) -> jax.Array:
     if alpha == 0:  # Beta(0, 0) is undefined; Composer treats alpha=0 as lam = 0.
         return jnp.zeros((), jnp.float32)
-    return jnp.clip(jax.random.beta(key, alpha, alpha, dtype=jnp.float32), 0.0, 1.0)
+    return jnp.clip(symmetric_beta(key, alpha), 0.0, 1.0)
 
 
 def _rand_bbox(key: jax.Array, h: int, w: int, cut_h, cut_w, uniform_sampling: bool):

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
+from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
 
@@ -51,7 +52,7 @@ MIXING_KEY = "mixup/mixing"
 def _gen_mixing_coef(key: jax.Array, alpha: float) -> jax.Array:
     if alpha == 0:  # Beta(0, 0) is undefined; Composer treats alpha=0 as "no mixing".
         return jnp.zeros((), jnp.float32)
-    z = jax.random.beta(key, alpha, alpha, dtype=jnp.float32)
+    z = symmetric_beta(key, alpha)
     # Beta(a, a) is symmetric, so folding onto [0, 0.5] keeps the distribution of the pair and the original label main.
     return jnp.minimum(z, 1.0 - z)
 
