@@ -30,17 +30,18 @@ from .ops.registry import to_numpy
 CHANNELS_LAST_ATTR = "_torch_bridge_channels_last"
 
 
+_NARROWED = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dtype(np.float64): np.float32}
+
+
 def _to_jax(x):
-    # Host arrays: a private copy (np.array), then device_put. jnp.asarray of a numpy array compiles an identity
+    # Host arrays: a private copy (astype copies), then device_put. jnp.asarray of a numpy array compiles an identity
     # program for every new shape and dtype (~30 ms each on CPU: a model's conversion paid it per parameter shape);
     # device_put alone aliases an aligned host buffer on CPU (even with may_alias=False, JAX 0.10), and a torch
     # tensor's .numpy() is the tensor's own memory, which torch (or to_torch) may later write in place.
     if isinstance(x, torch.Tensor):
         x = to_numpy(x)
     if isinstance(x, np.ndarray):
-        if x.dtype in (np.int64, np.uint64, np.float64):
-            x = x.astype({np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}.get(x.dtype, np.float32))
-        return jax.device_put(np.array(x))
+        return jax.device_put(x.astype(_NARROWED.get(x.dtype, x.dtype)))
     return jnp.asarray(x)
 
 
