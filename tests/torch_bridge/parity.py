@@ -187,7 +187,7 @@ def grads_against_torch(op, args, kwargs, wrt):
     out = first(op(*targs, **kwargs))
     w = torch.rand(out.shape, generator=torch.Generator().manual_seed(0)) + 0.5
     torch_grads = torch.autograd.grad((out * w).sum(), [targs[i] for i in wrt])
-    fn, jargs, jkwargs, jw = lookup(op).fn, list(to_jax(tuple(args))), to_jax(kwargs), jax.device_put(w.numpy())
+    fn, jargs, jkwargs, jw = lookup(op).fn, list(to_jax(tuple(args))), to_jax(kwargs), to_jax(w)
 
     def weighted_sum(diff):
         a = list(jargs)

@@ -203,7 +203,7 @@ def _all_grads():
         torch_grads.append(torch.autograd.grad((out * w).sum(), [targs[i] for i in wrt]))
         jargs = list(to_jax(tuple(args)))
         jax_inputs.append(([jargs[i] for i in wrt], [a for a in jargs if isinstance(a, jax.Array)],
-                           jax.device_put(np.array(w.numpy()))))
+                           to_jax(w)))
 
     def every_row(inputs):
         grads = []

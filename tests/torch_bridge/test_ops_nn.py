@@ -8,23 +8,15 @@ import torch
 import torch_bridge  # noqa: F401  registers the ops
 from torch_bridge.ops import nn as nn_ops
 from torch_bridge.ops.registry import lookup
-from tests.torch_bridge.parity import LAYER_TOL, assert_close_on_scale
+from tests.torch_bridge.parity import LAYER_TOL, assert_close_on_scale, to_jax
 
 A = torch.ops.aten
-
-
-def _j(x):
-    if isinstance(x, torch.Tensor):
-        return jax.device_put(np.array(x.detach().numpy(), np.int32 if x.dtype == torch.int64 else None))  # a copy
-    if isinstance(x, (list, tuple)):
-        return type(x)(_j(v) for v in x)
-    return x
 
 
 def run(op, *args, **kwargs):
     lowering = lookup(op)
     assert lowering is not None, f"{op} is not lowered"
-    return lowering.fn(*_j(args), **{k: _j(v) for k, v in kwargs.items()})
+    return lowering.fn(*to_jax(args), **{k: to_jax(v) for k, v in kwargs.items()})
 
 
 def close(ours, ref, atol=1e-5):
@@ -94,10 +86,10 @@ def test_depthwise_convolution_values_and_gradients(shape, wshape, kw, impl, mon
     ref = A.conv2d.default(xt, wt, b, *args)
     g = randn(*ref.shape, seed=3)
     ref.backward(g)
-    loss = lambda xj, wj: jnp.sum(fn(xj, wj, _j(b), *args) * _j(g))
+    loss = lambda xj, wj: jnp.sum(fn(xj, wj, to_jax(b), *args) * to_jax(g))
     for f in (fn, jax.jit(fn, static_argnums=(3, 4, 5, 6))):  # eagerly, then under jit
-        close(f(_j(x), _j(w), _j(b), *(tuple(a) if isinstance(a, list) else a for a in args)), ref)
-    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(_j(x), _j(w))
+        close(f(to_jax(x), to_jax(w), to_jax(b), *(tuple(a) if isinstance(a, list) else a for a in args)), ref)
+    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(to_jax(x), to_jax(w))
     # a weight gradient sums over batch and space: held to the per-layer bound on its own scale
     assert_close_on_scale(gx, xt.grad, LAYER_TOL, "dx")
     assert_close_on_scale(gw, wt.grad, LAYER_TOL, "dw")
@@ -149,7 +141,7 @@ def test_batch_norm_functional(shape, training):
 
 
 def test_batch_norm_running_stats_have_no_gradient():
-    x, rm, rv = _j(randn(8, 3, 4, 4)), jnp.zeros(3), jnp.ones(3)
+    x, rm, rv = to_jax(randn(8, 3, 4, 4)), jnp.zeros(3), jnp.ones(3)
     fn = lookup(A._native_batch_norm_legit_functional.default).fn
     g = jax.grad(lambda x: fn(x, None, None, rm, rv, True, 0.1, 1e-5)[3].sum())(x)
     assert float(jnp.abs(g).max()) == 0.0
@@ -187,7 +179,7 @@ def test_embedding_and_padding_idx_gradient():
     w_t = w.clone().requires_grad_()
     A.embedding.default(w_t, idx, 0).pow(2).sum().backward()
     fn = lookup(A.embedding.default).fn
-    g = jax.grad(lambda w: (fn(w, _j(idx), 0) ** 2).sum())(_j(w))
+    g = jax.grad(lambda w: (fn(w, to_jax(idx), 0) ** 2).sum())(to_jax(w))
     close(g, w_t.grad)
     assert float(jnp.abs(g[0]).max()) == 0.0
 
@@ -218,17 +210,17 @@ def test_sdpa(kind):
     close(run(A.scaled_dot_product_attention.default, q, k, v, **kw), ref)
     if kind != "3d":  # the explicit-softmax path taken for dropout agrees with torch when nothing is dropped
         from torch_bridge.ops.nn import _attention_with_dropout
-        mask = _j(kw.get("attn_mask"))
+        mask = to_jax(kw.get("attn_mask"))
         mask = None if mask is None else jnp.broadcast_to(mask.reshape((1,) * (4 - mask.ndim) + mask.shape),
                                                           ref.shape[:3] + (k.shape[2],))
         bool_mask, bias = (mask, None) if mask is not None and mask.dtype == jnp.bool_ else (None, mask)
-        ours = _attention_with_dropout(*_j((q, k, v)), bool_mask, bias, kw.get("is_causal", False),
+        ours = _attention_with_dropout(*to_jax((q, k, v)), bool_mask, bias, kw.get("is_causal", False),
                                        kw.get("scale") or q.shape[-1] ** -0.5, 0.0, None)
         close(ours, ref)
 
 
 def test_sdpa_dropout_uses_key():
-    q, k, v = (_j(t) for t in _qkv())
+    q, k, v = (to_jax(t) for t in _qkv())
     fn = lookup(A.scaled_dot_product_attention.default).fn
     assert lookup(A.scaled_dot_product_attention.default).random
     k0, k1 = jax.random.key(0), jax.random.key(1)

@@ -121,7 +121,7 @@ def _jax_grads():
     fns, diffs, ws, statics = {}, {}, {}, {}
     for name, (op, args) in GRAD_ARGS.items():
         with torch.no_grad():
-            ws[name] = [jax.device_put(np.array(w.numpy())) for w in _weights(op(*args))]
+            ws[name] = [to_jax(w) for w in _weights(op(*args))]
         diffs[name] = to_jax(tuple(args[:3]))
         statics[name] = args[3:]
         fns[name] = lookup(op).fn
