@@ -209,8 +209,10 @@ SIGNALLED = """
     rank = os.environ["JAXCOMPOSER_PROCESS_ID"]
     out, mode = sys.argv[1], sys.argv[2]
     def on_signal(signum, frame):
-        with open(os.path.join(out, f"got{rank}"), "w") as f:
+        # Written then renamed: the test polls for the file and must never read it half-written.
+        with open(os.path.join(out, f"got{rank}.tmp"), "w") as f:
             f.write(signal.Signals(signum).name)
+        os.replace(os.path.join(out, f"got{rank}.tmp"), os.path.join(out, f"got{rank}"))
         if mode == "exit":
             sys.exit(128 + signum)
     for s in (signal.SIGTERM, signal.SIGINT):
