@@ -7,6 +7,7 @@ other pairs that share a slot (their wrappers nest) or change shapes (a ``stage`
 through every slot with finite losses; the rest, whose slots are disjoint, must compose into exactly the union of
 their slots.
 """
+import functools
 import itertools
 import warnings
 
@@ -79,14 +80,20 @@ def test_mixers_conflict_by_declaration_not_by_name():
     assert compose([Method(name="a"), outer]).names == ("z", "a")
 
 
+@functools.cache
+def _pristine(name: str) -> nnx.Module:
+    # built once per worker and cloned for each use (~4 ms, where an eager build takes ~80 ms): the surgeries change
+    # the modules they are given in place
+    if name == "resnet":
+        return ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2, rngs=nnx.Rngs(0))
+    return GPT(vocab_size=32, seq_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.1, rngs=nnx.Rngs(0))
+
+
 # (task builder, batch): a CNN with BatchNorm and dropout (the Trainer contract's) and a GPT, for the surgeries
 _SURGERY_MODELS = {
-    "resnet": (lambda: ComposerClassifier(ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2,
-                                                      rngs=nnx.Rngs(0)), num_classes=10),
+    "resnet": (lambda: ComposerClassifier(nnx.clone(_pristine("resnet")), num_classes=10),
                {"input": jnp.zeros((4, 12, 12, 1)), "target": jnp.zeros((4,), jnp.int32)}),
-    "gpt": (lambda: ComposerCausalLM(GPT(vocab_size=32, seq_len=16, d_model=16, n_layers=2, n_heads=2,
-                                         dropout=0.1, rngs=nnx.Rngs(0))),
-            {"input_ids": jnp.zeros((4, 17), jnp.int32)}),
+    "gpt": (lambda: ComposerCausalLM(nnx.clone(_pristine("gpt"))), {"input_ids": jnp.zeros((4, 17), jnp.int32)}),
 }
 
 
