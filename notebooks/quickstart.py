@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -36,7 +38,9 @@ from jaxcomposer.loggers import InMemoryLogger
 # so that methods such as CutOut and MixUp see the same values a PyTorch pipeline would hold.
 
 # %%
-train, evals, info = data.make_loaders("fashion_mnist", batch_size=128, eval_batch_size=1000, seed=17)
+# smoke mode (the tests): smaller batches, so its few steps and one evaluation take seconds
+train, evals, info = data.make_loaders("fashion_mnist", batch_size=32 if SMOKE else 128,
+                                      eval_batch_size=200 if SMOKE else 1000, seed=17)
 mean, std = (data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD) if info.name == "fashion_mnist" else \
     (data.DIGITS_MEAN, data.DIGITS_STD)
 

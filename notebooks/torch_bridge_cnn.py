@@ -45,7 +45,9 @@ torch.manual_seed(17)
 # the torch module expects.
 
 # %%
-train, evals, info = data.make_loaders("fashion_mnist", batch_size=128, eval_batch_size=1000, seed=17)
+# smoke mode (the tests): smaller batches, so its few steps and one evaluation take seconds
+train, evals, info = data.make_loaders("fashion_mnist", batch_size=32 if SMOKE else 128,
+                                      eval_batch_size=200 if SMOKE else 1000, seed=17)
 mean, std = (data.FASHION_MNIST_MEAN, data.FASHION_MNIST_STD) if info.name == "fashion_mnist" else \
     (data.DIGITS_MEAN, data.DIGITS_STD)
 
