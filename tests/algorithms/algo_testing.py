@@ -27,6 +27,9 @@ class Example(NamedTuple):
     (``tests/algorithms/test_<module>.py``): the composition table and the Trainer contract run it."""
 
     make: Callable[[], Method]
+    # the module class this method's surgery puts into the contract's NNX ResNet (test_trainer_contract.py checks it
+    # is there, in the module passed in), for the methods that change an NNX ResNet's modules
+    surgery: type | None = None
 
 
 @functools.cache

@@ -1,7 +1,9 @@
 """Items 3 and 4 of every method's contract (docs/design.md, "Tests"), for every registered method, on a ResNet
 with BatchNorm (state that a step updates) and dropout (randomness that a resumed step must replay):
 
-(3) two steps inside the Trainer give a finite, changing loss and changed params, with one compile per stage;
+(3) two steps inside the Trainer give a finite, changing loss and changed params, with one compile per stage; as in
+    Composer, the module passed in is the one trained (surgered in place, where the method's ``EXAMPLE`` names its
+    ``surgery``) and holds the trained weights;
 (4) resume equality: the run saves after its first step, and a fresh Trainer that loads that checkpoint and takes
     the second step ends with the same bits as the straight run (on CPU).
 
@@ -31,11 +33,14 @@ def test_every_registered_method_has_an_example():
     assert sorted(examples()) == FACTORIES  # an EXAMPLE in every method's test file
 
 
-def _trainer(method_name, **kw):
-    data = digits("train", n=256)
-    task = ComposerClassifier(ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2,
+def _task():
+    return ComposerClassifier(ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2,
                                           rngs=nnx.Rngs(0)), num_classes=10)
-    return Trainer(model=task, train_dataloader=ArrayLoader(data, 32, seed=3), max_duration="2ba",
+
+
+def _trainer(method_name, task=None, **kw):
+    data = digits("train", n=256)
+    return Trainer(model=task or _task(), train_dataloader=ArrayLoader(data, 32, seed=3), max_duration="2ba",
                    optimizers=DecoupledSGDW(lr=0.1, momentum=0.9, weight_decay=1e-4),
                    schedulers=[CosineAnnealingScheduler()], algorithms=[examples()[method_name].make()],
                    seed=7, progress_bar=False, devices=jax.devices()[:1], **kw)
@@ -54,8 +59,8 @@ def _stages(trainer) -> set:
 
 @pytest.mark.parametrize("name", sorted(examples()))
 def test_two_steps_then_resume_is_bitwise(name, tmp_path):
-    logger = InMemoryLogger()
-    straight = _trainer(name, loggers=[logger], save_folder=tmp_path / "ckpt", save_interval="1ba")
+    logger, task = InMemoryLogger(), _task()
+    straight = _trainer(name, task, loggers=[logger], save_folder=tmp_path / "ckpt", save_interval="1ba")
     before = _bits(straight.state.train_state.params)
     straight.fit()
     straight.close()
@@ -66,6 +71,15 @@ def test_two_steps_then_resume_is_bitwise(name, tmp_path):
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
     (step,) = straight._train_steps.values()
     assert step._cache_size() == len(_stages(straight))  # one compile per stage, none more
+    module = straight.state.model
+    assert module is task.source or name == "NoOpModel"  # which swaps the whole model, as Composer's
+    surgery = examples()[name].surgery
+    assert surgery is None or any(isinstance(m, surgery) for _, m in nnx.iter_modules(module)), surgery
+    held = jax.tree_util.tree_leaves_with_path(nnx.state(module, nnx.Param))
+    trained = jax.tree_util.tree_leaves_with_path(straight.state.train_state.params)
+    assert [p for p, _ in held] == [p for p, _ in trained]
+    for (path, x), (_, y) in zip(held, trained):
+        np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
     resumed = _trainer(name, load_path=tmp_path / "ckpt" / "1")
     assert resumed.state.timestamp.batch == 1
