@@ -92,7 +92,7 @@ def _pristine(name: str) -> nnx.Module:
 # (task builder, batch): a CNN with BatchNorm and dropout (the Trainer contract's) and a GPT, for the surgeries
 _SURGERY_MODELS = {
     "resnet": (lambda: ComposerClassifier(nnx.clone(_pristine("resnet")), num_classes=10),
-               {"input": jnp.zeros((4, 12, 12, 1)), "target": jnp.zeros((4,), jnp.int32)}),
+               {"input": jnp.zeros((16, 12, 12, 1)), "target": jnp.zeros((16,), jnp.int32)}),
     "gpt": (lambda: ComposerCausalLM(nnx.clone(_pristine("gpt"))), {"input_ids": jnp.zeros((4, 17), jnp.int32)}),
 }
 

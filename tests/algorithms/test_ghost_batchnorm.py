@@ -19,8 +19,9 @@ from torch_bridge.methods.ghost_batchnorm import GhostBatchNorm1d, GhostBatchNor
 from torch_bridge.surgery import count_module_instances
 from tests.algorithms.algo_testing import Example
 
-# the contract's batches have 32 examples (8 ghost batches), the composition table's surgery check 4 (one)
-EXAMPLE = Example(lambda: algorithms.GhostBatchNorm(ghost_batch_size=4), surgery=GhostBatchNormModule)
+# the contract's batches have 32 examples (2 ghost batches: each one more BatchNorm per layer to compile), the
+# composition table's surgery check 16 (one)
+EXAMPLE = Example(lambda: algorithms.GhostBatchNorm(ghost_batch_size=16), surgery=GhostBatchNormModule)
 
 EPS = 1e-5
 
