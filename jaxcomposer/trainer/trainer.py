@@ -585,9 +585,12 @@ class Trainer(ReadsPlan):
         """The train step compiled ahead of time for this batch's shapes (``jax.stages.Compiled``): its
         ``memory_analysis()`` says what a step needs per device before one runs."""
         step = self._step_with(num_microbatches)
-        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # laid out by the step's in_shardings
-        return step.lower(jax.tree.map(abstract, self.state.train_state), jax.tree.map(abstract, batch), stage,
-                          self._host_lr).compile()
+        sharding = parallel.batch_sharding(self.mesh)
+        abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # as _device_batches lays out
+        # the live train state (lowering reads only its types and layouts) and batches laid out as the run's: the
+        # arguments a step call sees, so a step already run is not traced or compiled again, and the step compiled
+        # here is the one the run then calls ('auto' does not compile its choice twice)
+        return step.lower(self.state.train_state, jax.tree.map(abstract, batch), stage, self._host_lr).compile()
 
     def _auto_microbatch_size(self, batch: dict, stage) -> int:
         """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the device memory,

@@ -1,4 +1,6 @@
 """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the memory budget."""
+import contextlib
+
 import jax
 import numpy as np
 import pytest
@@ -38,6 +40,22 @@ def run(**kw):
     return t, {k: np.asarray(v) for k, v in flat_paths(t.state.train_state.params).items()}
 
 
+@contextlib.contextmanager
+def lowerings_of(fun_name: str):
+    """The lowerings to MLIR of jitted functions named ``fun_name`` (``"jit(name)"``) inside the block (JAX's monitoring events)."""
+    seen = []
+
+    def listen(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration" and kw.get("fun_name") == fun_name:
+            seen.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
 @pytest.fixture(scope="module")
 def full_batch():
     return run()
@@ -47,8 +65,11 @@ def test_auto_picks_smaller_microbatches_for_a_smaller_budget_and_trains_to_the_
     _, reference = full_batch
     chosen = {}
     for budget in (1_000_000, 500_000):
-        t, params = run(device_train_microbatch_size="auto", device_memory_bytes=budget)
+        with lowerings_of("jit(train_step)") as lowered:
+            t, params = run(device_train_microbatch_size="auto", device_memory_bytes=budget)
         report = t.auto_microbatch_report
+        # each candidate tried is traced and compiled once: the run calls the chosen one's compiled step
+        assert len(lowered) == len(report["peak_bytes_by_size"])
         chosen[budget] = report["chosen"]
         # the chosen size fits; the next larger candidate tried did not
         assert report["peak_bytes_by_size"][report["chosen"]] <= budget
