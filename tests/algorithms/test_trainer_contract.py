@@ -62,6 +62,7 @@ def test_two_steps_then_resume_is_bitwise(name, tmp_path):
     logger, task = InMemoryLogger(), _task()
     straight = _trainer(name, task, loggers=[logger], save_folder=tmp_path / "ckpt", save_interval="1ba")
     before = _bits(straight.state.train_state.params)
+    stats_before = _bits(straight.state.train_state.model_state)
     straight.fit()
     straight.close()
 
@@ -69,6 +70,8 @@ def test_two_steps_then_resume_is_bitwise(name, tmp_path):
     assert len(losses) == 2 and np.all(np.isfinite(losses)) and losses[0] != losses[1]
     after = _bits(straight.state.train_state.params)
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+    stats_after = _bits(straight.state.train_state.model_state)  # BatchNorm's running statistics moved too
+    assert any(not np.array_equal(a, b) for a, b in zip(stats_before, stats_after)) or name == "NoOpModel"
     (step,) = straight._train_steps.values()
     assert step._cache_size() == len(_stages(straight))  # one compile per stage, none more
     module = straight.state.model

@@ -42,7 +42,8 @@ def run(**kw):
 
 @contextlib.contextmanager
 def lowerings_of(fun_name: str):
-    """The lowerings to MLIR of jitted functions named ``fun_name`` (``"jit(name)"``) inside the block (JAX's monitoring events)."""
+    """The lowerings to MLIR, inside the block, of jitted functions named ``fun_name`` (``"jit(name)"``), as JAX's
+    monitoring events report them."""
     seen = []
 
     def listen(event, duration, **kw):
