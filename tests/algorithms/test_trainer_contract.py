@@ -70,8 +70,9 @@ def test_two_steps_then_resume_is_bitwise(name, tmp_path):
     assert len(losses) == 2 and np.all(np.isfinite(losses)) and losses[0] != losses[1]
     after = _bits(straight.state.train_state.params)
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
-    stats_after = _bits(straight.state.train_state.model_state)  # BatchNorm's running statistics moved too
-    assert any(not np.array_equal(a, b) for a, b in zip(stats_before, stats_after)) or name == "NoOpModel"
+    # BatchNorm's running statistics moved too (unless the model has none: NoOpModel's replacement)
+    stats_after = _bits(straight.state.train_state.model_state)
+    assert not stats_before or any(not np.array_equal(a, b) for a, b in zip(stats_before, stats_after))
     (step,) = straight._train_steps.values()
     assert step._cache_size() == len(_stages(straight))  # one compile per stage, none more
     module = straight.state.model
