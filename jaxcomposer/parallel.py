@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import warnings
+import zlib
 from typing import Any, Mapping
 
 import jax
@@ -180,12 +181,47 @@ def process_rows_to_global(batch: Mapping[str, Any], sharding: NamedSharding) ->
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
 
 
-def same_on_every_process(tree: Any, sharding: NamedSharding) -> Any:
-    """Host data every process holds whole (an eval batch) as global arrays laid out by ``sharding``."""
-    if sharding.is_fully_addressable:
-        return tree
-    return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), sharding,
-                                                               lambda index: np.asarray(x)[index]), tree)
+def same_on_every_process(tree: Any, shardings: Any, *, verify: str | None = None) -> Any:
+    """Values every process holds whole (an eval batch, a restored checkpoint, the initial train state) as fresh
+    global arrays laid out by ``shardings`` (one sharding, or a tree of them shaped like ``tree``).
+
+    With several processes, each builds only its own shards from its own copy (``jax.make_array_from_callback``):
+    no array crosses processes. ``jax.device_put`` would instead check its input by all-gathering every array whole
+    onto every process (the whole model to each host, one collective per array). ``verify`` names the values for
+    the error when they must be checked: one all-gather of a CRC32 per array, and a clear error naming the first
+    array that differs."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+    if all(s.is_fully_addressable for s in jax.tree.leaves(shardings)):  # one process (or no leaves at all)
+        return jax.device_put(tree, shardings, may_alias=False)
+    hosts = jax.tree.map(np.asarray, tree)
+    if verify is not None:
+        _check_same_on_every_process(hosts, verify)
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), hosts, shardings)
+
+
+def _check_same_on_every_process(hosts: Any, what: str) -> None:
+    from jax.experimental import multihost_utils
+
+    paths, leaves = zip(*jax.tree_util.tree_leaves_with_path(hosts))
+    local = np.array([array_crc32(x) for x in leaves], np.uint32)
+    first = differing_array(multihost_utils.process_allgather(local))
+    if first is not None:
+        raise ConfigurationError(
+            f"{what}: {jax.tree_util.keystr(paths[first])} differs between processes (their CRC32s differ); every "
+            "process must build the same model and state (the same seed, the same checkpoint), since the run "
+            "shards one state over all of them")
+
+
+def array_crc32(x: np.ndarray) -> int:
+    """CRC32 of an array's bytes (C order), of any dtype."""
+    return zlib.crc32(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
+
+
+def differing_array(crcs: np.ndarray) -> int | None:
+    """The first array whose checksum is not the same on every process (``crcs``: processes x arrays), or None."""
+    differs = np.flatnonzero((crcs != crcs[:1]).any(axis=0))
+    return int(differs[0]) if differs.size else None
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

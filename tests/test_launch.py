@@ -66,6 +66,17 @@ JAX_WORKER = """
     result = {"process_index": me, "process_count": jax.process_count(), "device_count": jax.device_count(),
               "local_device_count": jax.local_device_count(), "sum": float(total),
               "env_process_id": int(os.environ["JAXCOMPOSER_PROCESS_ID"])}
+    # how the Trainer places its initial state: each process its own shards of the values all of them hold
+    from jaxcomposer import parallel
+    from jaxcomposer.errors import ConfigurationError
+    state = {"a": np.arange(4, dtype=np.float32), "b": np.full(4, 7, np.float32)}
+    placed = parallel.same_on_every_process(state, NamedSharding(mesh, P("d")), verify="the test state")
+    result["own_shards"] = [s.data.tolist() for s in placed["a"].addressable_shards]
+    state["b"] = np.full(4, me, np.float32)  # a process-dependent value: refused, naming the array
+    try:
+        parallel.same_on_every_process(state, NamedSharding(mesh, P("d")), verify="the test state")
+    except ConfigurationError as e:
+        result["refused"] = str(e)
     with open(os.path.join(sys.argv[1], f"result{me}.json"), "w") as f:
         json.dump(result, f)
 """
@@ -82,6 +93,8 @@ def test_two_processes_of_two_cpu_devices_run_one_jax_computation(tmp_path, capf
     assert time.monotonic() - start < 60
     results = [json.loads((out / f"result{i}.json").read_text()) for i in range(2)]
     for i, r in enumerate(results):
+        assert r.pop("refused").startswith("the test state: ['b'] differs between processes")
+        assert r.pop("own_shards") == [[2.0 * i], [2.0 * i + 1]]
         # conftest's XLA_FLAGS asks for 2 devices too, but the launcher's flag replaces it rather than adding one
         assert r == {"process_index": i, "process_count": 2, "device_count": 4, "local_device_count": 2,
                      "sum": 6.0, "env_process_id": i}

@@ -31,6 +31,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxcomposer import parallel
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.errors import CheckpointError, CorruptCheckpointError
@@ -136,16 +137,10 @@ class _Layout:
         return known[1] if known is not None and known[0] == tuple(shape) else self.fallback
 
 
-def _place(x, sharding):
-    if sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])  # each process its own shards
-
-
 def _restore_item(item_dir: Path, layout: _Layout) -> dict[str, Any]:
     """Restore an item as it was saved (shapes from its metadata), every array placed as ``layout`` says."""
     if flat_arrays.is_flat_item(item_dir):
-        return {name: _place(x, layout(name, x.shape))
+        return {name: parallel.same_on_every_process(x, layout(name, x.shape))
                 for name, x in flat_arrays.read(item_dir / flat_arrays.FILE).items()}
     quiet = _NoStepMetadataNotice()
     logging.getLogger("absl").addFilter(quiet)

@@ -206,7 +206,7 @@ class Trainer(ReadsPlan):
         parallel.check_tensor_parallel(self.parallelism, logical, type(self.task.source).__name__)
         self.state_shardings, self.grad_shardings = parallel.train_state_shardings(
             state, self.mesh, self.parallelism, logical)
-        return jax.device_put(state, self.state_shardings, may_alias=False)
+        return parallel.same_on_every_process(state, self.state_shardings, verify="the initial train state")
 
     # ---- the run's plan: max_duration lives in one place (self.plan; read through ReadsPlan) ----
     @property

@@ -165,3 +165,28 @@ def test_tensor_parallelism_needs_a_model_that_names_its_axes():
         Trainer(model=ComposerClassifier(MLP(8, (16,), 2, rngs=nnx.Rngs(0)), num_classes=2),
                 train_dataloader=batches, max_duration="1ba", progress_bar=False,
                 parallelism_config={"tp": {"tensor_parallel_degree": 2}})
+
+
+def test_placing_one_state_checks_every_process_holds_the_same_bits():
+    """With several processes, the state is placed shard by shard from each process's own copy after comparing one
+    CRC32 per array (tests/test_launch.py runs it on two processes); the pieces of that check, here."""
+    import ml_dtypes
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert parallel.array_crc32(a) == parallel.array_crc32(a.copy()) != parallel.array_crc32(a + 1)
+    assert parallel.array_crc32(a.T) == parallel.array_crc32(np.ascontiguousarray(a.T))  # C order, any strides
+    assert parallel.array_crc32(np.float32(2.0)) != parallel.array_crc32(np.float32(-2.0))  # 0-d arrays
+    assert parallel.array_crc32(a.astype(ml_dtypes.bfloat16)) != parallel.array_crc32(a.astype(np.float16))
+    same = np.array([[1, 2, 3], [1, 2, 3]], np.uint32)
+    assert parallel.differing_array(same) is None
+    assert parallel.differing_array(np.array([[1, 2, 3], [1, 5, 6], [1, 2, 3]], np.uint32)) == 1
+
+    # one process: a plain placement, onto fresh buffers (the state is donated; the user's arrays must survive)
+    mesh = parallel.make_mesh(Parallelism(fsdp=2))
+    sharding = jax.sharding.NamedSharding(mesh, P("fsdp"))
+    x = jnp.arange(4.0)
+    placed = parallel.same_on_every_process({"x": x, "y": np.ones(2, np.float32)}, sharding, verify="a test state")
+    assert placed["x"].sharding == sharding and placed["y"].sharding == sharding
+    buffers = {s.data.unsafe_buffer_pointer() for s in placed["x"].addressable_shards}
+    assert x.unsafe_buffer_pointer() not in buffers
+    np.testing.assert_array_equal(placed["x"], x)
