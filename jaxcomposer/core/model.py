@@ -46,18 +46,34 @@ class PureModel:
 def own_copy(tree):
     """Fresh single-device copies of a tree's arrays: the Trainer donates its state's buffers to the next step, so
     a module the user keeps must never share them. Arrays sharded over several processes are gathered whole on
-    each (a collective: every process calls this at the same point)."""
+    each, all in one program (a collective: every process calls this at the same point)."""
     device = jax.local_devices()[0]
-
-    def copy(x):
-        if not isinstance(x, jax.Array):
-            return x
-        if not x.is_fully_addressable:  # sharded over several processes: every process gathers the whole array
+    leaves, treedef = jax.tree.flatten(tree)
+    spread = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable]
+    by_mesh: dict[Any, list[int]] = {}
+    for i in spread:
+        by_mesh.setdefault(getattr(leaves[i].sharding, "mesh", None), []).append(i)
+    for mesh, where in by_mesh.items():
+        if mesh is None:  # not a NamedSharding: one program per array
             from jax.experimental import multihost_utils
-            x = multihost_utils.process_allgather(x, tiled=True)
-        return jax.device_put(x, device, may_alias=False)
+            whole = [multihost_utils.process_allgather(leaves[i], tiled=True) for i in where]
+        else:
+            whole = [x.addressable_data(0) for x in _replicate([leaves[i] for i in where], mesh)]
+        for i, x in zip(where, whole):
+            leaves[i] = x
+    return treedef.unflatten([jax.device_put(x, device, may_alias=False) if isinstance(x, jax.Array) else x
+                              for x in leaves])
 
-    return jax.tree.map(copy, tree)
+
+def _replicate(arrays: list[jax.Array], mesh) -> list[jax.Array]:
+    """Arrays sharded over several processes, replicated on every device of their mesh: one compiled program
+    (``multihost_utils.process_allgather`` compiles and runs one per array)."""
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(_identity, out_shardings=[replicated] * len(arrays))(arrays)
+
+
+def _identity(x):
+    return x
 
 
 def from_nnx(module: nnx.Module) -> PureModel:

@@ -65,6 +65,9 @@ def main(out_dir: str, layout: str, kill_at: int | None) -> None:
     trainer.close()
     params = {k: multihost_utils.process_allgather(v, tiled=True)
               for k, v in flat_paths(trainer.state.train_state.params).items()}
+    # the module passed in holds the trained weights whole, on every process
+    held = flat_paths(nnx.state(trainer.state.model, nnx.Param))
+    assert held.keys() == params.keys() and all(np.array_equal(held[k], params[k]) for k in params), "write-back"
     if jax.process_index() == 0:
         np.savez(os.path.join(out_dir, "result.npz"), **params)
         with open(os.path.join(out_dir, "losses.json"), "w") as f:
