@@ -197,7 +197,8 @@ def same_on_every_process(tree: Any, shardings: Any, *, verify: str | None = Non
     hosts = jax.tree.map(np.asarray, tree)
     if verify is not None:
         _check_same_on_every_process(hosts, verify)
-    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), hosts, shardings)
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]),
+                        hosts, shardings)
 
 
 def _check_same_on_every_process(hosts: Any, what: str) -> None:
