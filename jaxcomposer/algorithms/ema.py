@@ -58,6 +58,7 @@ import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry, PostStep, StepCtx
+from jaxcomposer.core.state import tree_select
 from jaxcomposer.core.time import Time, TimeUnit, time_arg
 
 __all__ = ["compute_ema", "EMA"]
@@ -87,7 +88,7 @@ def compute_ema(params, ema_params, smoothing: float = 0.99):
 
 def _select(pred, on_true, on_false):
     """Tree-wise ``where`` on floating leaves; other leaves (counters, keys) always come from ``on_false``."""
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b) if _is_float(b) else b, on_true, on_false)
+    return jax.tree_util.tree_map(lambda a, b: tree_select(pred, a, b) if _is_float(b) else b, on_true, on_false)
 
 
 def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_start: str = "0.0dur",
@@ -159,7 +160,7 @@ def EMA(half_life: str | None = "1000ba", smoothing: float | None = None, ema_st
             def leaf(o, p, a):
                 if not _is_float(o):
                     return a
-                return jnp.where(start_now, p.astype(o.dtype), jnp.where(do_update, a, o))
+                return tree_select(start_now, p.astype(o.dtype), tree_select(do_update, a, o))
 
             return jax.tree_util.tree_map(leaf, old, new, averaged)
 

@@ -74,6 +74,7 @@ from jaxcomposer.algorithms.nnx_surgery import find_modules, replace_found
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core.model import param_path
+from jaxcomposer.core.state import tree_select
 from jaxcomposer.models.resnet import BasicBlock
 from jaxcomposer.models.resnet_imagenet import Bottleneck
 
@@ -139,8 +140,7 @@ class _StochasticResidual:
         shortcut = self.shortcut(x, train=True)
         before = jax.tree.map(lambda a: a, nnx.state(self, nnx.BatchStat))  # a snapshot, not live variables
         branch = self.residual(x, train=True)
-        nnx.update(self, jax.tree.map(lambda new, old: jnp.where(kept, new, old),
-                                      nnx.state(self, nnx.BatchStat), before))
+        nnx.update(self, tree_select(kept, nnx.state(self, nnx.BatchStat), before))
         dropped = jax.nn.relu(shortcut) if self._projects() else x
         return jnp.where(kept, jax.nn.relu(branch + shortcut), dropped)
 

@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomposer.core.method import Method, MethodEntry, RunInfo, StepCtx
+from jaxcomposer.core.state import tree_select
 from jaxcomposer.core.time import Time, TimeUnit, time_arg
 
 __all__ = ["SWA", "SWAState", "swa_tx", "swalr_schedule", "update_swa_average", "find_swa_state"]
@@ -168,7 +169,7 @@ def swa_tx(inner: optax.GradientTransformation, plan: _Plan, step) -> optax.Grad
         replace = n == plan.end
         new_params = optax.apply_updates(params, updates)  # exactly what the trainer will compute
         averaged = update_swa_average(state.average, new_params, state.swa_n)
-        average = jax.tree.map(lambda a, b: jnp.where(sample, a, b), averaged, state.average)
+        average = tree_select(sample, averaged, state.average)
         updates = jax.tree.map(lambda u, a, p: jnp.where(replace, (a - p).astype(u.dtype), u),
                                updates, average, params)
         return updates, SWAState(state.swa_n + sample.astype(jnp.int32), average, inner_state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class TrainState(NamedTuple):
@@ -16,3 +17,16 @@ class TrainState(NamedTuple):
     opt_state: Any
     extras: dict
     key: jax.Array
+
+
+def tree_select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """``jnp.where(pred, a, b)`` over two trees of one structure, for a scalar boolean ``pred``.
+
+    One ``select`` per leaf, where ``jnp.where`` stages a nested jitted function per leaf: on a train state's ~100
+    leaves that halves what the selection costs to trace and lower (the program is the same)."""
+    def select(a, b):
+        if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
+            return jnp.where(pred, a, b)  # mixed shapes or dtypes: jnp.where broadcasts and promotes
+        return jax.lax.select(pred, a, b)
+
+    return jax.tree.map(select, on_true, on_false)

@@ -14,6 +14,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxcomposer.core.state import tree_select
+
 __all__ = ["DecoupledTransformation", "DecoupledSGDW", "DecoupledAdamW", "SGDWState", "AdamWState"]
 
 
@@ -119,7 +121,7 @@ def DecoupledSGDW(
             return _decoupled(lr, wd, grads, params), SGDWState(state.count + 1, None)
         first = state.count == 0
         buf = jax.tree.map(
-            lambda b, g: jnp.where(first, g, momentum * b + (1.0 - dampening) * g).astype(b.dtype),
+            lambda b, g: tree_select(first, g, momentum * b + (1.0 - dampening) * g).astype(b.dtype),
             state.momentum_buffer, grads,
         )
         direction = jax.tree.map(lambda g, b: g + momentum * b, grads, buf) if nesterov else buf

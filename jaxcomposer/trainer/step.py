@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from jaxcomposer import parallel
 from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
-from jaxcomposer.core.state import TrainState
+from jaxcomposer.core.state import TrainState, tree_select
 from jaxcomposer.metrics.base import Metric, batch_states
 
 _FORWARD_KEY = 0x5EED  # fold-in tag for the model's own randomness (dropout), distinct from method keys
@@ -149,9 +149,8 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
         # "apply anyway" after N failures. The clock still advances (the batch was consumed), and since every
         # method and the schedule read the clock, none of them disagrees about the step afterwards.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                            (params, model_state, opt_state, extras),
-                            (state.params, state.model_state, state.opt_state, state.extras))
+        kept = tree_select(finite, (params, model_state, opt_state, extras),
+                           (state.params, state.model_state, state.opt_state, state.extras))
         new_state = TrainState(state.step + 1, *kept, state.key)
         return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
