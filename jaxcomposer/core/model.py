@@ -50,17 +50,10 @@ def own_copy(tree):
     device = jax.local_devices()[0]
     leaves, treedef = jax.tree.flatten(tree)
     spread = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable]
-    by_mesh: dict[Any, list[int]] = {}
-    for i in spread:
-        by_mesh.setdefault(getattr(leaves[i].sharding, "mesh", None), []).append(i)
-    for mesh, where in by_mesh.items():
-        if mesh is None:  # not a NamedSharding: one program per array
-            from jax.experimental import multihost_utils
-            whole = [multihost_utils.process_allgather(leaves[i], tiled=True) for i in where]
-        else:
-            whole = [x.addressable_data(0) for x in _replicate([leaves[i] for i in where], mesh)]
-        for i, x in zip(where, whole):
-            leaves[i] = x
+    if spread:  # laid out on the Trainer's mesh (jaxcomposer.parallel): NamedShardings of one mesh
+        whole = _replicate([leaves[i] for i in spread], leaves[spread[0]].sharding.mesh)
+        for i, x in zip(spread, whole):
+            leaves[i] = x.addressable_data(0)
     return treedef.unflatten([jax.device_put(x, device, may_alias=False) if isinstance(x, jax.Array) else x
                               for x in leaves])
 
