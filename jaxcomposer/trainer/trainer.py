@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -23,7 +24,7 @@ import optax
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.events import Callback, Event, ReadsPlan, RunPlan, RunState
-from jaxcomposer.core import adapters
+from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
@@ -117,6 +118,8 @@ class Trainer(ReadsPlan):
                                                       num_processes=jax.process_count())
         self.mesh = parallel.make_mesh(self.parallelism, devices)
         self.num_devices = self.parallelism.batch_ways  # the batch is split this many ways
+        if devices[0].platform == "cpu" and (why := allocator.slow_allocator_warning()):
+            warnings.warn(why, RuntimeWarning, stacklevel=2)
 
         self.nonfinite, self.nonfinite_max_skips = a.nonfinite, a.nonfinite_max_skips
         self._pending_check, self._skips_in_a_row = None, 0
