@@ -53,6 +53,12 @@ VARIANTS = [
     ("depth 14, batch 64 lr 0.1, 1ep", "1ep", {}, ["model.depth=14", "data.batch_size=64", "optimizer.lr=0.1"], False),
     ("width 32, 1ep", "1ep", {}, ["model.width=32"], False),
     ("width 32, 2ep", "2ep", {}, ["model.width=32"], False),
+    ("lr 0.4, 2ep", "2ep", {}, ["optimizer.lr=0.4"], False),
+    ("lr 0.1, 2ep", "2ep", {}, ["optimizer.lr=0.1"], False),
+    ("warmup 2%, 2ep", "2ep", {}, ["schedulers.0.t_warmup=0.02dur"], False),
+    ("weight decay 5e-5, 2ep", "2ep", {}, ["optimizer.weight_decay=5.0e-5"], False),
+    ("EMA half-life 30ba, 2ep", "2ep", {"ema": {"half_life": "30ba", "update_interval": "1ba"}}, [], False),
+    ("batch 256 lr 0.4, 2ep", "2ep", {}, ["data.batch_size=256", "optimizer.lr=0.4"], False),
 ]
 
 
