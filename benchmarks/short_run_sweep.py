@@ -10,7 +10,8 @@ averaging (mean of the logits of the image and its mirror).
 Variants (``VARIANTS``): the plain baseline at 1.5, 2 and 2.5 epochs; label smoothing; progressive resizing
 (Composer's default ramp from half size, and a two-size variant that trains 14 px then 28 px); weight
 standardization; random horizontal flips in training (a batch-slot method defined here: the library has no flip,
-because Composer leaves it to the dataloader); batch 64 at LR 0.1 and 0.2; widths 24 and 32; depth 14.
+because Composer leaves it to the dataloader); batch 64 at LR 0.1 and 0.2; widths 24 and 32; depth 14; and the
+schedule at 2 epochs: LR 0.4 and 0.1, 2% warmup, weight decay 5e-5, EMA with a 30-batch half-life, batch 256.
 
 Each run is a child process (``--one``), so no compile or thread pool carries over. Accuracy is a function of
 the seed and the code; the wall times are the child's ``fit`` including the compile, and are only comparable
