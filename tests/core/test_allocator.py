@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -20,6 +21,8 @@ PROBE = ("import importlib.util as u; s = u.spec_from_file_location('a', %r); m 
 
 
 def _jemalloc() -> str | None:
+    if shutil.which("ldconfig") is None:
+        return None
     out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
     return next((line.split("=>")[-1].strip() for line in out.splitlines() if "libjemalloc.so.2 " in line), None)
 
