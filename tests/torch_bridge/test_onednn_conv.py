@@ -222,3 +222,89 @@ def test_adapter_kernel_lookup_names_what_is_missing():
         adapters.kernel("mxnet", "conv_general_dilated", wanted_by="M(conv_impl='y')")
     with pytest.raises(ConfigurationError, match=r"provides no kernel 'matmul'; it has \['conv_general_dilated'\]"):
         adapters.kernel("torch", "matmul", wanted_by="x")
+
+
+def test_concurrent_callers_each_get_their_own_result():
+    # the calls queue for the one ATen thread: four Python threads calling at once must not mix up their buffers
+    import threading
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = CASES[0]
+    ref, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    step = jax.jit(jax.value_and_grad(lambda x, w: (ours(x, w) ** 2).sum(), argnums=(0, 1)))
+    want_step = jax.jit(jax.value_and_grad(lambda x, w: (ref(x, w) ** 2).sum(), argnums=(0, 1)))
+    operands = [_operands(layout, shape, kernel, cout, groups, seed=s) for s in range(4)]
+    wants = [want_step(x, w) for x, w in operands]
+    got, errors = [None] * 4, []
+
+    def run(i):
+        try:
+            for _ in range(10):
+                got[i] = jax.block_until_ready(step(*operands[i]))
+        except Exception as e:  # noqa: BLE001 (reported below, with the thread's index)
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for (loss, (gx, gw)), (want_loss, (want_gx, want_gw)) in zip(got, wants):
+        np.testing.assert_allclose(loss, want_loss, rtol=RTOL)
+        np.testing.assert_allclose(gx, want_gx, rtol=RTOL, atol=ATOL * np.abs(want_gx).max())
+        np.testing.assert_allclose(gw, want_gw, rtol=RTOL, atol=ATOL * np.abs(want_gw).max())
+
+
+_THREADS_CHILD = r"""
+import os, time
+import jax, jax.numpy as jnp
+import torch, torch.nn.functional as F
+from torch_bridge import kernels
+
+def count(name=None):
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{t}/comm").read().strip())
+        except OSError:
+            pass
+    return len(names) if name is None else names.count(name)
+
+def settled(expected, name=None):  # a released worker leaves /proc shortly after its team is freed
+    deadline = time.time() + 5
+    while count(name) != expected and time.time() < deadline:
+        time.sleep(0.01)
+    return count(name)
+
+jax.block_until_ready(jax.jit(lambda a: a * 2)(jnp.ones(3)))  # XLA's pools exist
+before_torch = count()
+F.conv2d(torch.rand(64, 16, 14, 14), torch.rand(16, 16, 3, 3), padding=1)  # this thread gets a team: + 1 worker
+with_team = count()
+kernels._register()  # releases it
+after_register = settled(before_torch)
+dn = ("NHWC", "HWIO", "NHWC")
+conv = lambda x, w: kernels.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=dn)
+step = jax.jit(jax.grad(lambda x, w: (conv(x, w) ** 2).sum(), argnums=(0, 1)))
+x, w = jnp.ones((64, 14, 14, 16)), jnp.ones((3, 3, 16, 16)) * 0.1
+compiled = step.lower(x, w).compile()
+before_steps = count()
+for _ in range(20):
+    jax.block_until_ready(compiled(x, w))
+print(before_torch, with_team, after_register, before_steps, count(), count("onednn-conv"))
+"""
+
+
+def test_aten_runs_on_one_thread_with_one_openmp_team():
+    # OpenMP threads beyond the core count make libgomp sleep at every barrier (onednn_conv.cc): XLA's pool threads
+    # must not start teams of their own, and the registering thread's team (from torch ops before) is freed
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    before_torch, with_team, after_register, before_steps, after_steps, conv_threads = map(int, out.stdout.split())
+    assert with_team == before_torch + 1  # the main thread's OpenMP worker
+    assert after_register == before_torch  # ... freed when the kernels registered
+    # the kernels' own thread and its one worker: the only threads 20 steps of convolutions added
+    assert conv_threads == 2 and after_steps == before_steps + 2

@@ -128,6 +128,10 @@ def _register() -> None:
     for name, symbol in _TARGETS.items():
         jax.ffi.register_ffi_target(f"jaxcomposer_onednn_conv_{name}", jax.ffi.pycapsule(getattr(library, symbol)),
                                     platform="cpu")
+    # The kernels call ATen from one thread of their own, so its OpenMP team is the only one, unless this thread
+    # (usually the main one, which traces the step) has a team from earlier torch ops: building or converting a
+    # torch model. Two teams on two cores make OpenMP sleep at every barrier (onednn_conv.cc): free this one.
+    library.JcReleaseCallerTeam()
 
 
 @functools.cache

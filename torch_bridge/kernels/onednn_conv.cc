@@ -10,9 +10,25 @@
 // out of its blocked format on every call, and with HWIO kernels ATen copies each kernel (and its gradient) through
 // a strided permutation on every call (~10% of the convolutions' time on a small ResNet).
 // Bias is left to the caller (an XLA add fuses into what follows).
+//
+// Threads: every ATen call runs on one thread of this library's own (AtenThread below), never on the XLA thread
+// that made the call. ATen parallelizes with OpenMP, and GNU OpenMP keeps a team of worker threads for each thread
+// that has started parallel work. XLA:CPU runs a step's thunks on all of its pool threads, so calling ATen from them
+// leaves one team per pool thread. Once more OpenMP threads exist than cores, libgomp stops spinning at its barriers
+// and sleeps in the kernel instead, at every barrier of every convolution: on 2 cores the quickstart ResNet's step
+// took ~1.2x as long (eager torch slows by ~1.7x in a process where two idle teams exist). With one calling thread
+// there is one team, as in eager torch, and it stays warm between calls. JcReleaseCallerTeam lets the Python side
+// free the team of the thread that registers the kernels (it ran torch ops before, e.g. to build a bridged model).
+#include <pthread.h>
+#include <unistd.h>
+
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/convolution.h>
@@ -53,13 +69,64 @@ std::optional<ffi::Error> Check(const Geometry& g) {
   return std::nullopt;
 }
 
+// The one thread that calls ATen. Callers hand it a task and sleep until it is done; tasks from concurrent callers
+// (XLA may run two convolutions at once) queue on submit_mu_, since each already gets all cores from OpenMP.
+class AtenThread {
+ public:
+  static AtenThread& Get() {
+    static std::mutex make_mu;
+    static AtenThread* current = nullptr;  // never freed: its thread lives as long as the process
+    std::lock_guard<std::mutex> lock(make_mu);
+    if (current == nullptr || current->pid_ != getpid()) current = new AtenThread();  // a forked child: no thread
+    return *current;
+  }
+
+  void Run(const std::function<void()>& task) {
+    std::lock_guard<std::mutex> one_at_a_time(submit_mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    task_ = &task;
+    done_ = false;
+    ready_cv_.notify_one();
+    done_cv_.wait(lock, [this] { return done_; });
+  }
+
+ private:
+  AtenThread() : pid_(getpid()) { std::thread([this] { Loop(); }).detach(); }
+
+  void Loop() {
+    pthread_setname_np(pthread_self(), "onednn-conv");  // its OpenMP workers inherit the name
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ready_cv_.wait(lock, [this] { return task_ != nullptr; });
+      const std::function<void()>* task = task_;
+      lock.unlock();
+      (*task)();
+      lock.lock();
+      task_ = nullptr;
+      done_ = true;
+      done_cv_.notify_one();
+    }
+  }
+
+  const pid_t pid_;
+  std::mutex submit_mu_, mu_;
+  std::condition_variable ready_cv_, done_cv_;
+  const std::function<void()>* task_ = nullptr;
+  bool done_ = false;
+};
+
+// Runs fn on the ATen thread; an exception becomes the call's error.
 template <typename Fn>
 ffi::Error Guarded(Fn fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, std::string("onednn_conv: ") + e.what());
-  }
+  std::string error;
+  AtenThread::Get().Run([&] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = std::string("onednn_conv: ") + e.what();
+    }
+  });
+  if (!error.empty()) return ffi::Error(ffi::ErrorCode::kInternal, error);
   return ffi::Error::Success();
 }
 
@@ -117,3 +184,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvBackwardInput, BackwardInput,
                               ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvBackwardKernel, BackwardKernel,
                               ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);
+
+// GNU OpenMP (torch's runtime): frees the calling thread's worker team (OpenMP 5.0's omp_pause_soft). Its next
+// parallel region starts a new one.
+extern "C" int omp_pause_resource_all(int kind);
+extern "C" int JcReleaseCallerTeam() { return omp_pause_resource_all(1); }
