@@ -11,7 +11,7 @@ left is the compiled step itself, so the numbers say which kernels to work on.
   (``transpose_copy_fusion``: layout changes, mostly activations put batch-minor for the weight gradients),
   ``elementwise+reduce`` (every other fusion: BatchNorm, ReLU, the loss, the optimizer), ``other``.
 - torch: ``torch.profiler`` self CPU time per ATen op over the same number of steps (``torch.set_num_threads``
-  ``--torch-threads``, channels-last), grouped alike (``conv``: convolution and its backward; ``batch_norm``;
+  ``--torch-threads``, channels-last), in a child process (``torch_in_child``), grouped alike (``conv``: convolution and its backward; ``batch_norm``;
   everything else).
 
 Also reported: wall ms per step of each side, timed apart from the profile (median of ``--rounds``), so the group
@@ -183,6 +183,20 @@ def run_torch(model_kwargs: dict, lr: float, momentum: float, batch_size: int, s
             "threads": threads, **summarize(per_op, torch_group, top)}
 
 
+def torch_in_child(args, model_kwargs: dict, lr: float, momentum: float, batch_size: int) -> dict:
+    """The torch side in a child process: in a process where JAX has run the oneDNN convolutions, torch's OpenMP
+    team shares the machine with the kernels' own team, and on 2 cores libgomp then sleeps at every barrier (eager
+    steps ~1.7x slower, torch_bridge/kernels/onednn_conv.cc): measured in-process, torch would look slower than it is."""
+    import subprocess
+    cmd = [sys.executable, __file__, "--torch-worker", "--config", str(args.config), "--steps", str(args.steps),
+           "--rounds", str(args.rounds), "--top", str(args.top), "--torch-threads", str(args.torch_threads)]
+    payload = json.dumps({"model_kwargs": model_kwargs, "lr": lr, "momentum": momentum, "batch_size": batch_size})
+    out = subprocess.run(cmd, input=payload, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"the torch side failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 # ----------------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -194,11 +208,17 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="3 steps, 1 round: checks the script, numbers mean nothing")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.smoke:
         args.steps, args.rounds = 3, 1
     if str(ROOT) not in sys.path:  # torch_bridge and interop live at the repository root
         sys.path.insert(0, str(ROOT))
+    if args.torch_worker:  # the torch side, in a process of its own (see torch_in_child)
+        kw = json.loads(sys.stdin.read())
+        print(json.dumps(run_torch(kw["model_kwargs"], kw["lr"], kw["momentum"], kw["batch_size"], args.steps,
+                                   args.rounds, args.top, args.torch_threads)))
+        return 0
     import jax.numpy as jnp
     import numpy as np
 
@@ -215,8 +235,7 @@ def main(argv=None) -> int:
         step, carry, layout = build()
         x = x_nhwc if layout == "NHWC" else x_nhwc.transpose(0, 3, 1, 2)
         sides[name] = {"layout": layout, **run_jax(step, carry, x, y, args.steps, args.rounds, args.top)}
-    sides["torch"] = run_torch(model_kwargs, lr, momentum, batch_size, args.steps, args.rounds, args.top,
-                               args.torch_threads)
+    sides["torch"] = torch_in_child(args, model_kwargs, lr, momentum, batch_size)
     out = results_path(NAME, args.smoke, args.out)
     write_json(out, {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
                      "setup": {"config": Path(args.config).name, "model": model_kwargs, "batch_size": batch_size,

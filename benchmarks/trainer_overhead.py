@@ -1,4 +1,4 @@
-"""Trainer step throughput vs. a hand-written jitted loop of the same model (goal: within 5%).
+"""Trainer step throughput vs. a hand-written jitted loop of the same model (goal: within 3%).
 
 Model, batch size and optimizer come from ``configs/quickstart.yaml``. No schedulers, no algorithms, no eval,
 ``progress_bar=False``, one CPU device (``devices=jax.devices()[:1]``; the hand loop uses no sharding). Both sides
@@ -19,6 +19,7 @@ Run:  .venv/bin/python benchmarks/trainer_overhead.py            (full)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -37,6 +38,7 @@ from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW
 
 NAME = "trainer_overhead"
+GOAL_RATIO = 0.97  # the trainer keeps >= 97% of the hand loop's images/s
 
 
 class ReadLoss(Callback):
@@ -95,6 +97,14 @@ class HandSide:
         return time.perf_counter() - t0
 
 
+def geomean_ci(ratios: list[float]) -> list[float]:
+    """``[low, geometric mean, high]`` of paired ratios: the mean of their logs +- 2 standard errors."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = 2 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0
+    return [round(math.exp(mean - half), 4), round(math.exp(mean), 4), round(math.exp(mean + half), 4)]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,9 +134,10 @@ def main(argv=None) -> int:
         warm[f"{key[0]}/{key[1]}"] = round(side.run(args.warmup), 3)
 
     times: dict = {k: [] for k in sides}
-    for r in range(args.rounds):  # interleaved: A, B, A, B ...
-        for key, side in sides.items():
-            times[key].append(side.run(args.steps))
+    order = list(sides)
+    for r in range(args.rounds):  # interleaved, and every other round in reverse, so neither side always goes first
+        for key in (order if r % 2 == 0 else order[::-1]):
+            times[key].append(sides[key].run(args.steps))
 
     results = {}
     for m in modes:
@@ -139,10 +150,13 @@ def main(argv=None) -> int:
                       "median_trainer_images_per_s": round(statistics.median(tr), 1),
                       "median_hand_images_per_s": round(statistics.median(hd), 1),
                       "median_ratio": round(statistics.median(ratios), 4),
-                      "within_5pct": statistics.median(ratios) >= 0.95}
+                      # this machine's speed drifts between rounds: the spread of the paired ratios says how far
+                      # the median can be trusted (geometric mean +- 2 standard errors)
+                      "geomean_ratio_ci95": geomean_ci(ratios),
+                      "within_goal": statistics.median(ratios) >= GOAL_RATIO}
 
-    out = {"benchmark": NAME, "smoke": args.smoke, "goal": "trainer within 5% of the hand-written loop "
-           "(median ratio trainer/hand >= 0.95)", "machine": machine_facts(),
+    out = {"benchmark": NAME, "smoke": args.smoke, "goal": f"trainer within {1 - GOAL_RATIO:.0%} of the hand-written "
+           f"loop (median ratio trainer/hand >= {GOAL_RATIO})", "machine": machine_facts(),
            "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": "resnet_cifar", **q["model"]},
                      "batch_size": bs, "optimizer": {"name": "decoupled_sgdw", **q["optimizer"]},
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
@@ -165,7 +179,9 @@ def main(argv=None) -> int:
             print(f"{m:<7} {i:>5} {r['trainer_images_per_s'][i]:>14.1f} {r['hand_images_per_s'][i]:>12.1f} "
                   f"{r['ratio_trainer_over_hand'][i]:>7.3f}")
         print(f"{m:<7} {'med':>5} {r['median_trainer_images_per_s']:>14.1f} {r['median_hand_images_per_s']:>12.1f} "
-              f"{r['median_ratio']:>7.3f}  {'OK (within 5%)' if r['within_5pct'] else 'SLOWER than 5%'}")
+              f"{r['median_ratio']:>7.3f}  {'OK' if r['within_goal'] else 'SLOWER than'} (goal {GOAL_RATIO}); "
+              f"geometric mean {r['geomean_ratio_ci95'][1]:.3f}, 95% CI {r['geomean_ratio_ci95'][0]:.3f}-"
+              f"{r['geomean_ratio_ci95'][2]:.3f}")
     print(f"results: {args.out}")
     return 0
 

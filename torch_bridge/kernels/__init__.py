@@ -120,18 +120,24 @@ def build(force: bool = False) -> Path:
 
 
 @functools.cache
-def _register() -> None:
-    """Build (once per cache), load and register the FFI targets with XLA:CPU; once per process."""
+def _register():
+    """Build (once per cache), load and register the FFI targets with XLA:CPU; once per process. Returns the
+    loaded library."""
     import ctypes
     import torch  # noqa: F401  (loads libtorch_cpu with its symbols before the library needs them)
     library = ctypes.cdll.LoadLibrary(str(build()))
     for name, symbol in _TARGETS.items():
         jax.ffi.register_ffi_target(f"jaxcomposer_onednn_conv_{name}", jax.ffi.pycapsule(getattr(library, symbol)),
                                     platform="cpu")
-    # The kernels call ATen from one thread of their own, so its OpenMP team is the only one, unless this thread
-    # (usually the main one, which traces the step) has a team from earlier torch ops: building or converting a
-    # torch model. Two teams on two cores make OpenMP sleep at every barrier (onednn_conv.cc): free this one.
-    library.JcReleaseCallerTeam()
+    return library
+
+
+def _release_tracing_threads_team() -> None:
+    """The kernels call ATen from one thread of their own, so its OpenMP team should be the only one. The thread
+    tracing a convolution (usually the main one, which then runs the training loop) often has a team too, from
+    torch ops before: building or converting a torch model. On a machine with few cores two teams make OpenMP sleep
+    at every barrier (``onednn_conv.cc``), so that team is freed; the thread's next torch op starts a new one."""
+    _register().JcReleaseCallerTeam()
 
 
 @functools.cache
@@ -223,7 +229,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
         return fallback(lhs, rhs)
     extra, geometry, dn, layout = plan
     out_shape = jax.eval_shape(fallback, lhs, rhs).shape
-    _register()
+    _release_tracing_threads_team()  # (registers the kernels on first use)
 
     def onednn(lhs, rhs):
         if any(lo or hi for lo, hi in extra):
