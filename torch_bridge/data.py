@@ -34,6 +34,8 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from jaxcomposer.data.loader import IndexedLoader
 
+from . import kernels
+
 __all__ = ["DatasetLoader", "DataLoaderWrapper", "from_dataset", "from_dataloader", "to_numpy", "numpy_collate"]
 
 Batch = dict[str, Any]
@@ -273,6 +275,7 @@ class DataLoaderWrapper:
             if i < skip:
                 continue
             batch = to_numpy(raw, self.keys)
+            kernels.release_openmp_team()  # the collate's OpenMP team would slow the oneDNN convolutions' own
             self._epoch, self._batch_index = (epoch + 1, 0) if n is not None and i + 1 == n else (epoch, i + 1)
             yield batch
         self._epoch, self._batch_index = epoch + 1, 0  # only reached when exhausted (a `break` closes us at yield)

@@ -313,3 +313,46 @@ def test_aten_runs_on_one_thread_with_one_openmp_team():
     # the kernels' own thread and its one worker: the only threads 20 steps of convolutions added
     assert conv_threads == 2 and again == before_steps + 2 + 1
     assert after_second_trace == before_steps + 2
+
+
+_LOADER_CHILD = r"""
+import os, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch_bridge import data, kernels
+
+def count():
+    return len(os.listdir("/proc/self/task"))
+
+def big_collate(rows):  # a collate heavy enough to run in parallel: this thread gets an OpenMP team
+    torch.randn(1 << 22).mul_(2).sum()
+    return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+dl = DataLoader(TensorDataset(torch.zeros(8, 3), torch.zeros(8)), batch_size=4, collate_fn=big_collate)
+first = count()
+before_kernels = [count() for _ in data.from_dataloader(dl)]   # kernels not loaded: the team stays
+kernels._register()
+kernels.release_openmp_team()
+start = count()
+after_batches = []
+for _ in data.from_dataloader(dl):
+    deadline = time.time() + 5
+    while count() != start and time.time() < deadline:
+        time.sleep(0.01)
+    after_batches.append(count())
+print(first, *before_kernels, start, *after_batches)
+"""
+
+
+def test_torch_dataloader_batches_leave_no_openmp_team_once_the_kernels_are_loaded():
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _LOADER_CHILD], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, *rest = map(int, out.stdout.split())
+    before_kernels, start, after_batches = rest[:2], rest[2], rest[3:]
+    assert before_kernels == [first + 1, first + 1]  # the collate's team: one worker, kept between batches
+    assert len(after_batches) == 2 and after_batches == [start, start]  # freed after every batch

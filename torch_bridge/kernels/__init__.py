@@ -132,6 +132,15 @@ def _register():
     return library
 
 
+def release_openmp_team() -> None:
+    """Free the calling thread's OpenMP team when the oneDNN kernels are in use in this process (else nothing):
+    for code that runs torch ops on the training thread between steps, such as a torch ``DataLoader``'s collate
+    (``torch_bridge.data.from_dataloader`` calls it after every batch). A team left there throttles the kernels'
+    own on a machine with few cores; the next torch op starts a new one (tens of microseconds)."""
+    if _register.cache_info().currsize:
+        _register().JcReleaseCallerTeam()
+
+
 def _release_tracing_threads_team() -> None:
     """The kernels call ATen from one thread of their own, so its OpenMP team should be the only one. The thread
     tracing a convolution (usually the main one, which then runs the training loop) often has a team too, from
