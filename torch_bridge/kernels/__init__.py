@@ -133,20 +133,16 @@ def _register():
 
 
 def release_openmp_team() -> None:
-    """Free the calling thread's OpenMP team when the oneDNN kernels are in use in this process (else nothing):
-    for code that runs torch ops on the training thread between steps, such as a torch ``DataLoader``'s collate
-    (``torch_bridge.data.from_dataloader`` calls it after every batch). A team left there throttles the kernels'
-    own on a machine with few cores; the next torch op starts a new one (tens of microseconds)."""
+    """Free the calling thread's OpenMP team when the oneDNN kernels are loaded in this process (else nothing).
+
+    The kernels call ATen from one thread of their own, so its OpenMP team should be the only one: on a machine
+    with few cores, a second team makes OpenMP sleep at every barrier (``onednn_conv.cc``). Other threads get teams
+    from their own torch ops: the thread that builds or converts a torch model and then traces the step (every
+    traced convolution calls this), or a torch ``DataLoader``'s collate on the training thread
+    (``torch_bridge.data.from_dataloader`` calls this after every batch). The thread's next torch op starts a new
+    team (tens of microseconds)."""
     if _register.cache_info().currsize:
         _register().JcReleaseCallerTeam()
-
-
-def _release_tracing_threads_team() -> None:
-    """The kernels call ATen from one thread of their own, so its OpenMP team should be the only one. The thread
-    tracing a convolution (usually the main one, which then runs the training loop) often has a team too, from
-    torch ops before: building or converting a torch model. On a machine with few cores two teams make OpenMP sleep
-    at every barrier (``onednn_conv.cc``), so that team is freed; the thread's next torch op starts a new one."""
-    _register().JcReleaseCallerTeam()
 
 
 @functools.cache
@@ -238,7 +234,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
         return fallback(lhs, rhs)
     extra, geometry, dn, layout = plan
     out_shape = jax.eval_shape(fallback, lhs, rhs).shape
-    _release_tracing_threads_team()  # (registers the kernels on first use)
+    _register()
+    release_openmp_team()
 
     def onednn(lhs, rhs):
         if any(lo or hi for lo, hi in extra):

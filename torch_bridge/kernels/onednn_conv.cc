@@ -18,7 +18,7 @@
 // and sleeps in the kernel instead, at every barrier of every convolution: on 2 cores the quickstart ResNet's step
 // took ~1.2x as long (eager torch slows by ~1.7x in a process where two idle teams exist). With one calling thread
 // there is one team, as in eager torch, and it stays warm between calls. JcReleaseCallerTeam lets the Python side
-// free the team of the thread that registers the kernels (it ran torch ops before, e.g. to build a bridged model).
+// free the teams other threads get from their own torch ops (torch_bridge.kernels.release_openmp_team).
 #include <pthread.h>
 #include <unistd.h>
 
