@@ -5,8 +5,9 @@ channel, 10 classes), batch size and lr from the same file, SGD with momentum 0.
 no schedule, no algorithms, no eval:
 
 - ``torch``: ``interop.torch_mirrors.TorchResNetCIFAR`` trained eagerly (NCHW, ``torch.optim.SGD``,
-  ``F.cross_entropy``, ``torch.set_num_threads(--torch-threads)``, 2 by default).
-- ``bridged``: ``torch_bridge.from_torch`` of that same torch module (converted before torch trains a copy, so
+  ``F.cross_entropy``, ``torch.set_num_threads(--torch-threads)``, 2 by default), in a child process driven round
+  by round (``ChildTorchSide``: torch's OpenMP team beside the oneDNN kernels' own would slow every side here).
+- ``bridged``: ``torch_bridge.from_torch`` of that same torch module (the child builds it from the same seed, so
   both start from identical weights) in ``jaxcomposer.Trainer`` (``DecoupledSGDW``, ``weight_decay=0``,
   ``progress_bar=False``, ``devices=jax.devices()[:1]``), NCHW batches.
 - ``native``: ``jaxcomposer.models.ResNetCIFAR`` with the same kwargs in the same Trainer setup, NHWC batches.
@@ -30,7 +31,6 @@ Run:  .venv/bin/python benchmarks/bridge_speed.py            (full)
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -88,6 +88,53 @@ class TorchSide:
         return time.perf_counter() - t0
 
 
+class ChildTorchSide:
+    """``TorchSide`` in a child process (this script with ``--torch-worker``), driven round by round over a pipe.
+
+    In this process the bridged and native sides run the oneDNN kernels, whose thread keeps an OpenMP team; a torch
+    team here beside it makes libgomp sleep at every barrier on a 2-core machine, slowing all three sides
+    (``torch_bridge/kernels/onednn_conv.cc``). The child builds the same module from the same seed, so it starts
+    from the weights the bridge converted."""
+
+    def __init__(self, args):
+        import subprocess
+        cmd = [sys.executable, __file__, "--torch-worker", "--config", str(args.config), "--steps", str(args.steps),
+               "--torch-threads", str(args.torch_threads)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.last_loss = None
+
+    def _ask(self, line: str) -> float:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise SystemExit(f"the torch child exited (code {self.proc.wait()})")
+        return float(reply)
+
+    def run(self, n: int) -> float:
+        elapsed = self._ask(str(n))
+        self.last_loss = self._ask("loss")
+        return elapsed
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def torch_worker(args) -> int:
+    """The child's side of ``ChildTorchSide``: a number runs that many steps (replies the seconds), ``loss`` replies
+    the last loss."""
+    torch.set_num_threads(args.torch_threads)
+    q = quickstart_setup(Path(args.config))
+    pool, _ = fashion_mnist_batches(q["batch_size"], count=min(max(args.steps, 4), 64), seed=0)
+    torch.manual_seed(q["seed"])
+    side = TorchSide(TorchResNetCIFAR(**torch_model_kwargs(q["model"])), q, to_nchw(pool))
+    for line in sys.stdin:
+        reply = side.last_loss if line.strip() == "loss" else side.run(int(line))
+        print(repr(float(reply)), flush=True)
+    return 0
+
+
 def trainer_side(model, q: dict, pool: list[dict], steps: int, total: int) -> TrainerSide:
     return TrainerSide(model=ComposerClassifier(model, num_classes=10),
                        train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
@@ -110,7 +157,10 @@ def main(argv=None) -> int:
                          "own, slows both JAX sides on a 2-core machine (torch_bridge/kernels/onednn_conv.cc)")
     ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
     ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.torch_worker:
+        return torch_worker(args)
     args.out = results_path(NAME, args.smoke, args.out)
     if args.smoke:
         args.steps, args.rounds, args.warmup = 3, 3, 2
@@ -126,17 +176,16 @@ def main(argv=None) -> int:
 
     torch.manual_seed(q["seed"])
     module = TorchResNetCIFAR(**torch_model_kwargs(q["model"]))
-    torch_copy = copy.deepcopy(module)  # torch trains the copy; the bridge converts the original (same weights)
     t0 = time.perf_counter()
     bm = torch_bridge.from_torch(module, (torch.from_numpy(pool_nchw[0]["input"]),),
                          dynamic_batch=not args.static_batch)
     convert_s = time.perf_counter() - t0
 
-    sides = {"torch": TorchSide(torch_copy, q, pool_nchw),
+    sides = {"torch": ChildTorchSide(args),
              "bridged": trainer_side(bm, q, pool_nchw, args.steps, total),
              "native": trainer_side(ResNetCIFAR(**q["model"], rngs=nnx.Rngs(q["seed"])), q, pool, args.steps, total)}
     if args.without_torch:
-        del sides["torch"]
+        sides.pop("torch").close()
     first_step, warm = {}, {}
     for name, side in sides.items():  # first step alone (compile for JAX), then the rest of the warm-up
         first_step[name] = round(side.run(1), 3)
@@ -147,6 +196,8 @@ def main(argv=None) -> int:
         for name, side in sides.items():
             times[name].append(side.run(args.steps))
 
+    if "torch" in sides:
+        sides["torch"].close()
     sps = {k: [args.steps / t for t in v] for k, v in times.items()}
     r_native = [b / n for b, n in zip(sps["bridged"], sps["native"])]
     r_torch = [b / t for b, t in zip(sps["bridged"], sps.get("torch", [float("nan")] * args.rounds))]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as torch_pytree
 
-from . import export
+from . import export, kernels
 from .interpreter import run_graph
 from .ops.registry import to_numpy
 
@@ -154,6 +154,9 @@ class BridgedModel:
             for name, value in buffers.items():
                 if name not in persistent:  # a mutated non-persistent buffer
                     self.module.get_buffer(name).copy_(_to_torch_tensor(value, self._torch_dtypes[name]))
+        # the copies may start an OpenMP team on this thread (a Trainer writes back after every fit(), and a fit()
+        # can follow): free it so it does not throttle the oneDNN kernels' own team
+        kernels.release_openmp_team()
         return self.module
 
     # ------------------------------------------------------------------------------------------- trainer protocol

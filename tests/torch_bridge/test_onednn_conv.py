@@ -319,6 +319,7 @@ _LOADER_CHILD = r"""
 import os, time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+import torch_bridge
 from torch_bridge import data, kernels
 
 def count():
@@ -340,11 +341,18 @@ for _ in data.from_dataloader(dl):
     while count() != start and time.time() < deadline:
         time.sleep(0.01)
     after_batches.append(count())
-print(first, *before_kernels, start, *after_batches)
+bridged = torch_bridge.from_torch(torch.nn.Linear(2048, 2048), (torch.zeros(1, 2048),))
+kernels.release_openmp_team()
+before_write_back = count()
+bridged.to_torch(bridged.params, bridged.buffers)  # 4M weights copied in parallel: a team, freed again
+deadline = time.time() + 5
+while count() != before_write_back and time.time() < deadline:
+    time.sleep(0.01)
+print(first, *before_kernels, start, *after_batches, before_write_back, count())
 """
 
 
-def test_torch_dataloader_batches_leave_no_openmp_team_once_the_kernels_are_loaded():
+def test_dataloader_batches_and_write_backs_leave_no_openmp_team_once_the_kernels_are_loaded():
     import os
     import subprocess
     import sys
@@ -353,6 +361,7 @@ def test_torch_dataloader_batches_leave_no_openmp_team_once_the_kernels_are_load
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr[-3000:]
     first, *rest = map(int, out.stdout.split())
-    before_kernels, start, after_batches = rest[:2], rest[2], rest[3:]
+    before_kernels, start, after_batches, write_back = rest[:2], rest[2], rest[3:5], rest[5:]
     assert before_kernels == [first + 1, first + 1]  # the collate's team: one worker, kept between batches
-    assert len(after_batches) == 2 and after_batches == [start, start]  # freed after every batch
+    assert after_batches == [start, start]  # freed after every batch
+    assert write_back[1] == write_back[0]  # a bridged model's write-back into torch frees its copies' team too
