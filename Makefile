@@ -80,7 +80,12 @@ clean:
 
 # What benchmarks/gpu_suite.py needs on the lent GPU machine beyond its image (Python 3.12): wheels to carry in .whl/
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+# And in .whl/pinned, flax, optax and orbax at the project's pinned versions: benchmarks/gpu_device_run.sh falls back
+# to them when the lent machine's newer ones fail its CPU check.
+GPU_PINNED_WHEELS := flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(foreach p,manylinux_2_28 manylinux_2_24 manylinux_2_17 manylinux2014,--platform $(p)_x86_64) -d .whl $(GPU_WHEELS)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  -d .whl/pinned $(GPU_PINNED_WHEELS)
 	@grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
