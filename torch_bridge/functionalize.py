@@ -158,10 +158,12 @@ def functionalize_in_place(ep) -> bool:
         else:  # h.add_(y) -> h' = h.add(y), in h's dtype: an in-place op never changes it, a functional one promotes
             node.target = kind
             latest[writes[0]] = node
-            dtype = getattr(node.meta.get("val"), "dtype", None)
-            if dtype is not None:
+            if node.meta.get("val") is not None:
+                # h's dtype when the step runs, not the one recorded at export: under AMP (bf16 params and
+                # inputs) a cast to the export's float32 would turn every activation after an
+                # nn.ReLU(inplace=True) back into float32
                 with graph.inserting_after(node):
-                    latest[writes[0]] = graph.call_function(A._to_copy.default, (node,), {"dtype": dtype})
+                    latest[writes[0]] = graph.call_function(A.type_as.default, (node, node.args[0]))
     output = next(n for n in graph.nodes if n.op == "output")
     updated = [ph for ph in placeholders if ph in latest]
     output.args = ((*(latest[ph] for ph in updated), *output.args[0]),)

@@ -69,17 +69,47 @@ def _identity(x):
     return x
 
 
+def low_precision_dtype(params) -> Any:
+    """The 16-bit float dtype every floating leaf of ``params`` has (bf16 under the Trainer's AMP), else None."""
+    dtypes = {x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)}
+    if len(dtypes) == 1 and jnp.finfo(next(iter(dtypes))).bits == 16:
+        return next(iter(dtypes))
+    return None
+
+
+def compute_in(module: nnx.Module, dtype) -> None:
+    """Make the flax layers of ``module`` whose ``dtype`` is left at its default compute in ``dtype``, in place.
+
+    Given bf16 params, such layers would still compute in float32: ``BatchNorm`` promotes its input to its
+    float32 running statistics, and ``Embed`` fixes its dtype to its float32 table's at construction, so every
+    layer after them would run in float32 too. A ``dtype`` a layer was built with stays (``Embed``'s excepted,
+    which cannot be told from its default). ``from_nnx`` does this to the fresh copy each step builds, never to the
+    user's module."""
+    for _, layer in nnx.iter_modules(module):
+        if not type(layer).__module__.startswith("flax.") or not hasattr(layer, "param_dtype"):
+            continue
+        default = getattr(layer, "dtype", None) is None or (
+            isinstance(layer, nnx.Embed) and layer.dtype == layer.param_dtype)
+        if default:
+            layer.dtype = dtype
+
+
 def from_nnx(module: nnx.Module) -> PureModel:
     """Split an NNX module into a pure model.
 
     The module's ``__call__`` must accept ``(inputs, *, train: bool, key: jax.Array | None)``: ``train`` switches
-    dropout and BatchNorm, ``key`` feeds every random op, so the pure function owns all of its randomness.
+    dropout and BatchNorm, ``key`` feeds every random op, so the pure function owns all of its randomness. Given
+    16-bit params (the Trainer's ``precision='amp_bf16'``), flax's layers compute in that dtype where their own
+    ``dtype`` is left at its default (:func:`compute_in`); normalization statistics stay float32.
     """
     graphdef, params, state = nnx.split(module, nnx.Param, ...)
 
     def apply(params, state, inputs, *, train: bool, key=None):
         # copy=True: fresh Variables at the current trace level, so BatchNorm may update them under jax.grad
         live = nnx.merge(graphdef, params, state, copy=True)
+        low = low_precision_dtype(params)
+        if low is not None:
+            compute_in(live, low)
         outputs = live(inputs, train=train, key=key)
         _, _, new_state = nnx.split(live, nnx.Param, ...)
         return outputs, new_state
