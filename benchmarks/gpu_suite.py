@@ -227,6 +227,22 @@ def matmul_flops(jaxpr) -> float:
     return total
 
 
+def matmul_operand_dtypes(jaxpr, counts: dict | None = None) -> dict:
+    """``{dtype name: count}`` over the operands of ``jaxpr``'s convolutions and matmuls (sub-jaxprs included):
+    under AMP every one should be bfloat16, and a float32 count says a layer promoted back to float32."""
+    counts = {} if counts is None else counts
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            for v in eqn.invars[:2]:
+                counts[str(v.aval.dtype)] = counts.get(str(v.aval.dtype), 0) + 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    matmul_operand_dtypes(inner, counts)
+    return counts
+
+
 def forward_flops(make_module: Callable, input_shape: tuple) -> tuple[float | None, str]:
     """FLOPs of one forward's convolutions and matmuls (:func:`matmul_flops`), traced abstractly at batch 1
     (nothing is compiled or allocated)."""
@@ -282,12 +298,26 @@ def trainer_side(env: Env, task, optimizer, make_batch: Callable):
                        precision="amp_bf16" if env.bf16 else "fp32")
     pool.extend(device_batches(make_batch, 2, NamedSharding(side.trainer.mesh, P("data"))))
     side.memory = lambda: jax_memory(env.jax_device)
+
+    def forward_dtypes():
+        import jax
+
+        from jaxcomposer.trainer.step import make_forward
+        t = side.trainer
+        forward = make_forward(t.task, t.precision)
+        closed = jax.make_jaxpr(lambda p, s, b: forward(p, s, b, train=True, key=jax.random.key(0)))(
+            t.task.params, t.task.state, pool[0])
+        return matmul_operand_dtypes(closed.jaxpr)
+
+    side.forward_dtypes = forward_dtypes
     return side
 
 
 class PlainFlaxSide:
     """A hand-written train step of an NNX classifier: ``jax.jit`` with the state donated, the Trainer's AMP
-    casts (fp32 master weights, bf16 params and inputs inside the loss), mean soft cross-entropy, fp32 logits."""
+    casts (fp32 master weights, bf16 params and inputs inside the loss) and bf16 layers (the ``dtype`` a Flax user
+    gives each layer for mixed precision; else BatchNorm promotes to its float32 statistics), mean soft
+    cross-entropy, fp32 logits."""
 
     def __init__(self, env: Env, module, tx, make_batch: Callable):
         import jax
@@ -295,20 +325,21 @@ class PlainFlaxSide:
         import optax
         from flax import nnx
 
-        from jaxcomposer.core.model import soft_cross_entropy
+        from jaxcomposer.core.model import compute_in, soft_cross_entropy
         from jaxcomposer.trainer.step import cast_floating
 
         graphdef, params, model_state = nnx.split(module, nnx.Param, ...)
         compute = jnp.bfloat16 if env.bf16 else jnp.float32
 
-        def step(params, model_state, opt_state, batch):
-            def loss_fn(p):
-                live = nnx.merge(graphdef, cast_floating(p, compute), model_state, copy=True)
-                logits = live(batch["input"].astype(compute), train=True)
-                _, _, new_state = nnx.split(live, nnx.Param, ...)
-                return soft_cross_entropy(logits.astype(jnp.float32), batch["target"]).mean(), new_state
+        def loss_fn(p, model_state, batch):
+            live = nnx.merge(graphdef, cast_floating(p, compute), model_state, copy=True)
+            compute_in(live, compute)
+            logits = live(batch["input"].astype(compute), train=True)
+            _, _, new_state = nnx.split(live, nnx.Param, ...)
+            return soft_cross_entropy(logits.astype(jnp.float32), batch["target"]).mean(), new_state
 
-            (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        def step(params, model_state, opt_state, batch):
+            (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, model_state, batch)
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), new_state, opt_state, loss
 
@@ -319,6 +350,8 @@ class PlainFlaxSide:
                                                                        on_device)
         self.pool = device_batches(make_batch, 2, on_device)
         self.device, self.i, self.loss = env.jax_device, 0, None
+        self.forward_dtypes = lambda: matmul_operand_dtypes(
+            jax.make_jaxpr(loss_fn)(self.params, self.model_state, self.pool[0]).jaxpr)
 
     def run(self, n: int) -> float:
         import jax
@@ -654,6 +687,8 @@ def warm_up(env: Env, spec: SideSpec, rec: dict):
         rec["first_step_s"] = round(side.run(1), 3)
         rec["warmup_s"] = round(side.run(env.args.warmup - 1), 3) if env.args.warmup > 1 else 0.0
         rec.update(spec.info, status="ok", memory=side.memory())
+        if hasattr(side, "forward_dtypes"):  # the JAX sides: what their convolutions and matmuls ran in
+            rec["matmul_operand_dtypes"] = side.forward_dtypes()
         return side
     except Skip as e:
         rec.update(status="skipped", reason=str(e))
@@ -937,6 +972,9 @@ def print_table(out: dict, path: Path) -> None:
             note = f"attention={rec['attention_impl']}" if "attention_impl" in rec else ""
             if "first_attempt" in rec:
                 note += " (after a failed first attempt)"
+            wide = (rec.get("matmul_operand_dtypes") or {}).get("float32", 0)
+            if wide and out["setup"]["precision"] == "bf16":
+                note += f" {wide} float32 matmul operands"
             print(f"{label:<17} {side:<14} {fmt(rec.get('median_items_per_s'), ',.1f'):>12} {unit:<5} "
                   f"{fmt(rec.get('ms_per_step'), '.2f'):>9} {fmt(rec.get('mfu'), '.1%'):>6} "
                   f"{fmt((rec.get('memory') or {}).get('peak_gib'), '.2f'):>9} {fmt(rec.get('final_loss'), '.3f'):>8} "

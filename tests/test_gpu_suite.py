@@ -44,6 +44,8 @@ def test_cpu_smoke_writes_every_section(tmp_path):
             assert rec["median_items_per_s"] > 0 and all(x > 0 for x in rec["items_per_s"])
             assert math.isfinite(rec["final_loss"])
             assert "mfu" in rec and "memory" in rec
+            if not side.startswith("torch"):  # the JAX sides say what their matmuls ran in: fp32 in a smoke run
+                assert set(rec["matmul_operand_dtypes"]) == {"float32"} and rec["matmul_operand_dtypes"]["float32"]
         assert section["flops_per_item"] > 0
         goal = section["goal"]
         assert {"goal", "target", "value", "pass"} <= set(goal) and isinstance(goal["pass"], bool)
