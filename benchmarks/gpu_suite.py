@@ -14,9 +14,10 @@ Sections (each on synthetic batches put on the device before timing, so no input
   its first step fails the side is rebuilt with XLA attention and the failure is recorded); torch sides:
   ``interop.torch_mirrors.TorchGPT`` (``F.scaled_dot_product_attention``), fused ``torch.optim.AdamW``.
 - ``bridged_resnet50``: ``torch_bridge.from_torch`` of torchvision's resnet50 (train graph, static batch) in the
-  ``Trainer``, NCHW batches, vs. ``plain_flax``: a hand-written ``jax.jit(donate_argnums=...)`` step of the native
-  NNX ResNet-50 (NHWC) with the same optimizer and the Trainer's AMP casts. The JSON also compares the bridged
-  figure with section ``resnet50``'s Trainer (``cross_section_ratios``).
+  ``Trainer``, NCHW batches, convolving NCHW (``bridged``, the default) and channels-last (``bridged_nhwc``,
+  ``conv_layout='NHWC'``), vs. ``plain_flax``: a hand-written ``jax.jit(donate_argnums=...)`` step of the native
+  NNX ResNet-50 (NHWC) with the same optimizer, the Trainer's AMP casts and bf16 layers. The JSON also compares
+  the bridged figure with section ``resnet50``'s Trainer (``cross_section_ratios``).
 
 Precision: bf16 on the GPU (``Trainer(precision='amp_bf16')``: fp32 master weights, bf16 compute, fp32 logits
 and loss; the same casts in the plain step; ``torch.autocast(dtype=torch.bfloat16)``). The Trainer and the plain
@@ -39,7 +40,8 @@ Peak: 989.4 TFLOP/s (H100/H200 SXM, dense bf16) unless ``--peak-tflops`` says ot
 
 Memory: JAX sides, ``device.memory_stats()['peak_bytes_in_use']`` read once the side is warm (a process-wide
 high-water mark that JAX cannot reset: every section runs in its own process, so the figures are the section's,
-but the second JAX side of ``bridged_resnet50`` reports the max of both); torch sides,
+but the later JAX sides of ``bridged_resnet50`` report the max so far), and for the Trainer sides XLA's memory
+analysis of the compiled step (``compiled_step_bytes``: temp, argument and output, per side); torch sides,
 ``torch.cuda.max_memory_allocated()`` (reset before each run of the side). JAX does not preallocate
 (``XLA_PYTHON_CLIENT_PREALLOCATE=false``): torch shares the device.
 
@@ -310,6 +312,12 @@ def trainer_side(env: Env, task, optimizer, make_batch: Callable):
         return matmul_operand_dtypes(closed.jaxpr)
 
     side.forward_dtypes = forward_dtypes
+
+    def compiled_memory():  # per side, unlike the process-wide high-water mark (the step is compiled already)
+        m = side.trainer.compiled_train_step(pool[0]).memory_analysis()
+        return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("temp", "argument", "output")}
+
+    side.compiled_memory = compiled_memory
     return side
 
 
@@ -636,7 +644,8 @@ def bridged_section(env: Env) -> dict:
     sgd = dict(lr=0.1, momentum=0.9)
     flops, flops_source = forward_flops(lambda: resnet50(**model_kw), (1, hw, hw, 3))
     setup = {"batch": bs, "image": hw, "optimizer": "DecoupledSGDW(lr=0.1, momentum=0.9) on both sides",
-             "layouts": {"bridged": "NCHW", "plain_flax": "NHWC"}}
+             "layouts": {"bridged": "NCHW", "bridged_nhwc": "NCHW batches, channels-last convolutions",
+                         "plain_flax": "NHWC"}}
 
     def images(layout):
         def make(rng):
@@ -644,18 +653,20 @@ def bridged_section(env: Env) -> dict:
             return {"input": rng.standard_normal(shape, np.float32), "target": rng.integers(0, nc, (bs,), np.int32)}
         return make
 
-    def bridged():
-        module, source = seeded_torch(lambda: torch_resnet(r, env.args.cpu_smoke))
-        t0 = time.perf_counter()
-        # Only training is timed, at one batch size: the train graph alone (modes=(True,)) and a static batch
-        # dimension, which exports several times faster than a symbolic one
-        bm = torch_bridge.from_torch(module.train(), (torch.zeros(bs, 3, hw, hw),), dynamic_batch=False,
-                                     modes=(True,))
-        setup.update(torch_model=source, convert_s=round(time.perf_counter() - t0, 3),
-                     bridge={"dynamic_batch": False, "modes": "train graph only", "params": len(bm.params),
-                             "buffers": len(bm.buffers)})
-        return trainer_side(env, ComposerClassifier(steps_only(bm), num_classes=nc), DecoupledSGDW(**sgd),
-                            images("nchw"))
+    def bridged(conv_layout: str):
+        def build():
+            module, source = seeded_torch(lambda: torch_resnet(r, env.args.cpu_smoke))
+            t0 = time.perf_counter()
+            # Only training is timed, at one batch size: the train graph alone (modes=(True,)) and a static batch
+            # dimension, which exports several times faster than a symbolic one
+            bm = torch_bridge.from_torch(module.train(), (torch.zeros(bs, 3, hw, hw),), dynamic_batch=False,
+                                         modes=(True,), conv_layout=conv_layout)
+            setup.update(torch_model=source, convert_s=round(time.perf_counter() - t0, 3),
+                         bridge={"dynamic_batch": False, "modes": "train graph only", "params": len(bm.params),
+                                 "buffers": len(bm.buffers)})
+            return trainer_side(env, ComposerClassifier(steps_only(bm), num_classes=nc), DecoupledSGDW(**sgd),
+                                images("nchw"))
+        return build
 
     def plain_flax():
         module = init_module(lambda: resnet50(**model_kw))
@@ -663,7 +674,9 @@ def bridged_section(env: Env) -> dict:
 
     return {"unit": "images/s", "items_per_step": bs, "flops_per_item": None if flops is None else 3 * flops,
             "flops_source": flops_source, "setup": setup,
-            "specs": [SideSpec("bridged", bridged), SideSpec("plain_flax", plain_flax)]}
+            "specs": [SideSpec("bridged", bridged("NCHW"), info={"conv_layout": "NCHW"}),
+                      SideSpec("bridged_nhwc", bridged("NHWC"), info={"conv_layout": "NHWC"}),
+                      SideSpec("plain_flax", plain_flax)]}
 
 
 SECTION_BUILDERS = {"resnet50": resnet_section, "gpt2": gpt_section, "bridged_resnet50": bridged_section}
@@ -689,6 +702,8 @@ def warm_up(env: Env, spec: SideSpec, rec: dict):
         rec.update(spec.info, status="ok", memory=side.memory())
         if hasattr(side, "forward_dtypes"):  # the JAX sides: what their convolutions and matmuls ran in
             rec["matmul_operand_dtypes"] = side.forward_dtypes()
+        if hasattr(side, "compiled_memory"):  # the Trainer sides: XLA's memory analysis of their step
+            rec["compiled_step_bytes"] = side.compiled_memory()
         return side
     except Skip as e:
         rec.update(status="skipped", reason=str(e))
@@ -752,7 +767,8 @@ def section_ratios(name: str, sides: dict) -> dict:
         return round(med[a] / med[b], 4) if med.get(a) and med.get(b) else None
 
     if name == "bridged_resnet50":
-        return {"bridged_over_plain_flax": ratio("bridged", "plain_flax")}
+        return {"bridged_over_plain_flax": ratio("bridged", "plain_flax"),
+                "bridged_nhwc_over_plain_flax": ratio("bridged_nhwc", "plain_flax")}
     return {"jaxcomposer_over_torch_compile": ratio("jaxcomposer", "torch_compile"),
             "jaxcomposer_over_torch_eager": ratio("jaxcomposer", "torch_eager"),
             "torch_compile_over_torch_eager": ratio("torch_compile", "torch_eager")}
