@@ -126,3 +126,22 @@ def test_the_users_module_keeps_its_layer_dtypes():
     task = ComposerCausalLM(model).bind(_tokens())
     make_forward(task, "amp_bf16")(task.params, task.state, _tokens(), train=True, key=None)
     assert model.wte.dtype == jnp.float32 and model.blocks[0].attn.qkv.dtype is None
+
+
+def test_a_dtype_the_user_gave_a_layer_stays():
+    """``compute_in`` changes only layers left at their default dtype: a head built with ``dtype=float32`` (to keep
+    the logits matmul in float32 under AMP) keeps it, the default layer before it computes in bf16."""
+    class TwoLayers(nnx.Module):
+        def __init__(self, rngs):
+            self.body = nnx.Linear(8, 16, rngs=rngs)
+            self.head = nnx.Linear(16, 10, dtype=jnp.float32, rngs=rngs)
+
+        def __call__(self, x, *, train=False, key=None):
+            return self.head(jax.nn.relu(self.body(x.reshape(x.shape[0], -1))))
+
+    task = ComposerClassifier(TwoLayers(nnx.Rngs(0)), num_classes=10)
+    batch = {"input": np.ones((2, 8), np.float32), "target": np.zeros(2, np.int32)}
+    task = task.bind(batch) if not task.is_bound else task
+    forward = make_forward(task, "amp_bf16")
+    closed = jax.make_jaxpr(lambda p, s, b: forward(p, s, b, train=True, key=None))(task.params, task.state, batch)
+    assert [dtypes for _, dtypes in _matmuls(closed.jaxpr, [])] == [(jnp.bfloat16,) * 2, (jnp.float32,) * 2]
