@@ -12,6 +12,7 @@ from typing import Any, Callable
 import jax
 import torch
 
+from . import channels_last
 from .ops.registry import lookup
 
 A = torch.ops.aten
@@ -46,13 +47,25 @@ def _resolve(arg, env: dict):
     return arg
 
 
+def _with_note(node: torch.fx.Node, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an error says which node and module it came from."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        where = repr(stack[-1][0]) if stack else "<root>"
+        e.add_note(f"torch_bridge: while running node {node.name} = {node.target} (from {where})")
+        raise
+
+
 def run_graph(graph: torch.fx.Graph, placeholders: list, key, *, conv_layout: str = "NCHW") -> list:
     """Evaluate ``graph`` with the given placeholder values (in order); returns the flat output list.
 
     Random ops get ``key=jax.random.fold_in(key, node_index)``: a pure function of the caller's key and the node,
     so two dropout layers draw different masks and the same key replays the same masks. With ``key=None`` random
     ops receive ``None`` and raise only if they actually need randomness (dropout with p > 0 in train mode).
-    Convolutions get ``conv_layout``: ``"NHWC"`` makes XLA convolve channels-last (the graph stays NCHW).
+    ``conv_layout="NHWC"`` runs 2-D convolution nets channels-last: activations stay NHWC from a convolution to
+    the first op that needs NCHW (:mod:`torch_bridge.channels_last`); other convolutions transpose around the call.
     """
     env: dict[torch.fx.Node, Any] = {}
     values = iter(placeholders)
@@ -61,6 +74,12 @@ def run_graph(graph: torch.fx.Graph, placeholders: list, key, *, conv_layout: st
             env[node] = next(values)
         elif node.op == "call_function":
             args, kwargs = _resolve(node.args, env), _resolve(node.kwargs, env)
+            if conv_layout == "NHWC":
+                out = _with_note(node, channels_last.run, node.target, args, kwargs)
+                if out is not channels_last.DECLINED:
+                    env[node] = out
+                    continue
+                args, kwargs = channels_last.to_nchw(args), channels_last.to_nchw(kwargs)
             lowering = lookup(node.target)
             if lowering is None:
                 fn = _python_op(node.target)
@@ -75,15 +94,9 @@ def run_graph(graph: torch.fx.Graph, placeholders: list, key, *, conv_layout: st
                 kwargs["key"] = None if key is None else jax.random.fold_in(key, index)
             if lowering.conv_layout:
                 kwargs["conv_layout"] = conv_layout
-            try:
-                env[node] = lowering.fn(*args, **kwargs)
-            except Exception as e:
-                stack = list((node.meta.get("nn_module_stack") or {}).values())
-                where = repr(stack[-1][0]) if stack else "<root>"
-                e.add_note(f"torch_bridge: while running node {node.name} = {node.target} (from {where})")
-                raise
+            env[node] = _with_note(node, lowering.fn, *args, **kwargs)
         elif node.op == "output":
-            return list(_resolve(node.args[0], env))
+            return list(channels_last.to_nchw(_resolve(node.args[0], env)))
         else:
             raise NotImplementedError(f"torch_bridge: fx node kind {node.op!r} ({node.target}) is not supported")
     raise ValueError("torch_bridge: graph has no output node")

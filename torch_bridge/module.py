@@ -25,8 +25,8 @@ from . import export, kernels
 from .interpreter import run_graph
 from .ops.registry import to_numpy
 
-# A module (or any submodule) with this attribute set to True is bridged with ``conv_layout="NHWC"``; the
-# ChannelsLast method's torch surgery sets it (torch_bridge/methods/channels_last.py).
+# The ChannelsLast method's torch surgery sets this attribute (torch_bridge/methods/channels_last.py) to mark a
+# module it converted. The bridge convolves channels-last by default, marked or not; the mark records the method.
 CHANNELS_LAST_ATTR = "_torch_bridge_channels_last"
 
 
@@ -182,13 +182,13 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
     ``example_inputs`` is the positional input tuple (a lone tensor is accepted too). Without ``dynamic_batch`` the
     graphs are specialized to the example shapes; with it, dim 0 of every tensor input is symbolic. ``modes``
     picks the graphs to export (``(True,)``: the train graph only, for a module whose modes do not differ).
-    ``conv_layout`` ``"NHWC"`` makes convolutions on XLA's path run channels-last, transposed around each call
-    (outputs equal; the oneDNN path on CPU is channels-last already); ``None`` means ``"NHWC"`` when the module or
-    a submodule carries :data:`CHANNELS_LAST_ATTR` (the ChannelsLast method), else ``"NCHW"``.
+    ``conv_layout`` ``"NHWC"`` (the default, ``None``) runs 2-D convolution nets channels-last: activations stay
+    NHWC from the convolution that makes them to the first op that needs NCHW (:mod:`torch_bridge.channels_last`;
+    the quickstart ResNet's CPU step: 1.21x faster than ``"NCHW"``). ``"NCHW"`` keeps torch's layout throughout,
+    each convolution transposing into and out of the kernel's layout. Outputs are equal up to float rounding.
     """
     if conv_layout is None:
-        marked = any(getattr(m, CHANNELS_LAST_ATTR, False) for m in module.modules())
-        conv_layout = "NHWC" if marked else "NCHW"
+        conv_layout = "NHWC"
     if conv_layout not in ("NCHW", "NHWC"):
         raise ValueError(f"from_torch: conv_layout must be 'NCHW' or 'NHWC' (or None), got {conv_layout!r}")
     if not isinstance(example_inputs, tuple):

@@ -3,24 +3,16 @@
 Method card
 -----------
 **What it does.** Makes convolutions compute on channels-last (NHWC) activations. On a torch module it does what
-Composer does, ``model.to(memory_format=torch.channels_last)``, and marks the module so that the torch bridge
-lowers its convolutions channels-last: on XLA's convolution path each NCHW convolution becomes a transpose of the
-activations to NHWC and of the kernel to HWIO, an NHWC convolution, and a transpose back, which XLA folds into the
-neighbouring ops. The graph, the parameters (OIHW) and the results stay as they were. Native NNX models are NHWC
-already: there it changes nothing and warns.
+Composer does, ``model.to(memory_format=torch.channels_last)``, and marks the module. The torch bridge already
+runs 2-D convolution nets channels-last by default (``from_torch(conv_layout='NHWC')``,
+:mod:`torch_bridge.channels_last`: activations stay NHWC from a convolution to the first op that needs NCHW), so
+for training here the method changes nothing beyond the torch module's memory format, which matters to whoever
+runs that module eagerly afterwards. Native NNX models are NHWC already: there it changes nothing and warns.
 
 **When it helps.** In torch eager on GPUs with tensor cores, where cuDNN's NHWC kernels skip the layout
-conversions NCHW needs (Composer's v0.10 README lists 1.5x time-to-train for ResNet-101 on 8xA100). Under XLA it
-is no faster where we could measure, because XLA assigns convolution layouts itself. Measured on CPU
-(``benchmarks/channels_last.py``, ``benchmarks/results/channels_last.json``; a bridged ``TorchResNetCIFAR``, the
-quickstart ResNet, batch 128 of 28x28x1, trained in the Trainer with XLA's convolutions, oneDNN off, 16
-interleaved rounds of 10 steps on a shared 2-core machine at load average 6-7): 56.4 ms per step without the
-switch and 55.5 ms with it in each side's best round, a median per-round speed ratio (with/without) of 0.98: no
-speedup, within noise. XLA:CPU convolves all 26 convolutions of the step channels-last
-(``dim_labels=b01f_01io->b01f``) either way; the switch only adds 18 transposes and 16 copies around them. With
-the bridge's default oneDNN kernels (CPU, float32 2-D convolutions) the switch changes nothing: they run
-channels-last already. It was not measured on a GPU (none was available); there, too, XLA's layout assignment
-picks cuDNN's layouts itself, so expect little.
+conversions NCHW needs (Composer's v0.10 README lists 1.5x time-to-train for ResNet-101 on 8xA100). Here the
+bridge's default gives that layout to every bridged CNN: on the quickstart ResNet's CPU step, 1.21x faster than
+``conv_layout='NCHW'`` (torch's layout, with a transpose into and out of every convolution).
 
 **Hyperparameters.** None.
 
@@ -35,10 +27,8 @@ names are unchanged, so a checkpoint loads with or without the method.
 **How it plugs in.** ``model`` slot, ``model(task, ctx) -> task`` (host, once, before the optimizer is built). A
 torch-sourced task is edited on its ``nn.Module`` before the bridge exports it, by the surgery torch_bridge registers
 under ``"ChannelsLast"`` (:func:`jaxcomposer.core.adapters.surgery`, :mod:`torch_bridge.methods.channels_last`), so
-this module never imports torch. That surgery sets ``torch_bridge.module.CHANNELS_LAST_ATTR`` on the module;
-``from_torch`` reads it (on the module or any submodule) and passes ``conv_layout="NHWC"`` to the convolution
-lowerings (``torch_bridge/ops/nn.py``). The oneDNN path (CPU, float32, 2-D) and the depthwise-by-taps path are
-unaffected; transposed convolutions and 1-D/3-D convolutions on XLA's path switch too.
+this module never imports torch. That surgery sets ``torch_bridge.module.CHANNELS_LAST_ATTR`` on the module; the
+bridge convolves channels-last with or without it (``conv_layout='NCHW'`` asks for torch's layout).
 
 **Reference.** PyTorch, "(beta) Channels Last Memory Format in PyTorch" tutorial; NVIDIA, "Tensor Layouts In
 Memory: NCHW vs NHWC" (cuDNN developer guide). Composer: ``composer/algorithms/channels_last``.

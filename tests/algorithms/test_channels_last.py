@@ -97,7 +97,7 @@ def test_torch_surgery_in_place_converts_and_marks():
     assert from_torch(module, (x,), modes=(False,), conv_layout="NCHW").conv_layout == "NCHW"  # an explicit choice wins
     wrapper = nn.Sequential(module)  # a marked submodule is enough (TorchComposerTask wraps the user's module)
     assert from_torch(wrapper, (x,), modes=(False,)).conv_layout == "NHWC"
-    assert from_torch(_tiny_resnet(), (x,), modes=(False,)).conv_layout == "NCHW"
+    assert from_torch(_tiny_resnet(), (x,), modes=(False,)).conv_layout == "NHWC"  # the default, marked or not
     with pytest.raises(ValueError, match="conv_layout must be"):
         from_torch(module, (x,), conv_layout="NDHWC")
 
@@ -124,7 +124,7 @@ def _forward_and_grads(bridged, x, cotangent):
 def test_switch_keeps_outputs_and_gradients_and_convolves_nhwc(xla_convs, make, shape):
     module = make()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    plain = from_torch(copy.deepcopy(module), (torch.from_numpy(x),), modes=(True,))
+    plain = from_torch(copy.deepcopy(module), (torch.from_numpy(x),), modes=(True,), conv_layout="NCHW")
     switched = from_torch(apply_channels_last(module), (torch.from_numpy(x),), modes=(True,))
     assert (plain.conv_layout, switched.conv_layout) == ("NCHW", "NHWC")
     out_shape = jax.eval_shape(lambda p, b: plain.apply(p, b, None, x, train=True)[0], plain.params, plain.buffers)

@@ -180,37 +180,43 @@ def matmul(a, b):
 
 
 # --------------------------------------------------------------------------------------------- normalization
-def _batch_norm(x, weight, bias, mean, var, eps):
+def _along(v, ndim, axis):
+    """A per-channel ``(C,)`` vector shaped to broadcast along ``axis`` of an ``ndim``-d tensor."""
+    return v.reshape(tuple(-1 if i == axis else 1 for i in range(ndim)))
+
+
+def _batch_norm(x, weight, bias, mean, var, eps, channel_axis=1):
     xf = x.astype(_stats_dtype(x))
     # the weight folded into the per-channel factor: one multiply per element, not two, forward and backward
     # (the bridged quickstart ResNet step: 16.6 -> 6.5 ms of elementwise kernels, benchmarks/step_profile.py)
     factor = lax.rsqrt(var + eps) if weight is None else lax.rsqrt(var + eps) * weight
-    out = (xf - _channel(mean, x.ndim)) * _channel(factor, x.ndim)
+    out = (xf - _along(mean, x.ndim, channel_axis)) * _along(factor, x.ndim, channel_axis)
     if bias is not None:
-        out = out + _channel(bias, x.ndim)
+        out = out + _along(bias, x.ndim, channel_axis)
     return out.astype(x.dtype)
 
 
-def _batch_stats(x):
-    axes = tuple(i for i in range(x.ndim) if i != 1)
+def _batch_stats(x, channel_axis=1):
+    axes = tuple(i for i in range(x.ndim) if i != channel_axis)
     xf = x.astype(_stats_dtype(x))
     # E[x^2] - E[x]^2 (as flax does): both moments in one fused pass over x, where jnp.var makes two passes
     mean, mean_sq = xf.mean(axes), lax.square(xf).mean(axes)
-    return mean, jnp.maximum(mean_sq - lax.square(mean), 0.0), x.size // x.shape[1]
+    return mean, jnp.maximum(mean_sq - lax.square(mean), 0.0), x.size // x.shape[channel_axis]
 
 
 @lower(A._native_batch_norm_legit_functional.default)
-def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps, *, channel_axis=1):
     """Returns (out, save_mean, save_rstd, new_running_mean, new_running_var) like torch.
 
     Normalization uses the biased batch variance; the running variance is updated with the unbiased one, as torch
-    does. Running stats are stop-gradient: they are state, not part of the loss.
+    does. Running stats are stop-gradient: they are state, not part of the loss. ``channel_axis`` 3: ``x`` held
+    channels-last (``torch_bridge.channels_last``).
     """
     if not training:
-        out = _batch_norm(x, weight, bias, running_mean, running_var, eps)
+        out = _batch_norm(x, weight, bias, running_mean, running_var, eps, channel_axis)
         return out, running_mean, lax.rsqrt(running_var + eps), running_mean, running_var
-    mean, var, n = _batch_stats(x)
-    out = _batch_norm(x, weight, bias, mean, var, eps)
+    mean, var, n = _batch_stats(x, channel_axis)
+    out = _batch_norm(x, weight, bias, mean, var, eps, channel_axis)
     m_stat, v_stat = lax.stop_gradient(mean), lax.stop_gradient(var * (n / max(n - 1, 1)))
     new_rm = ((1 - momentum) * running_mean + momentum * m_stat).astype(running_mean.dtype)
     new_rv = ((1 - momentum) * running_var + momentum * v_stat).astype(running_var.dtype)
@@ -218,8 +224,8 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
 
 
 @lower(A._native_batch_norm_legit_no_training.default)
-def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
-    out = _batch_norm(x, weight, bias, running_mean, running_var, eps)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps, *, channel_axis=1):
+    out = _batch_norm(x, weight, bias, running_mean, running_var, eps, channel_axis)
     empty = jnp.zeros((0,), out.dtype)  # torch returns empty save_mean / save_rstd in eval
     return out, empty, empty
 

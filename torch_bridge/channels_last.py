@@ -1,0 +1,196 @@
+"""Run a bridged graph's 2-D convolution nets channels-last, transposing only where the graph leaves them.
+
+torch's graphs are NCHW. Convolving NCHW means a transpose into the kernel's channels-last layout and one back
+around every convolution (oneDNN's fast layouts and the GPU's are NHWC), and XLA cannot move those transposes
+through the BatchNorm, ReLU and residual adds between convolutions: on the quickstart ResNet the transposes cost
+4.4 ms of a 30 ms CPU step. Here the interpreter instead carries a 4-D activation as :class:`ChannelsLast` (the
+same NCHW tensor, held as NHWC) from the convolution that makes it, through the ops that do not care about the
+layout, to the first op that does; only there is it transposed back (:func:`to_nchw`).
+
+Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
+pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``) whose tensor operands are
+channels-last, 4-D, 0-d or Python scalars, max pooling without ``ceil_mode``, and the global average pool
+(``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain tensors again). Every other op gets NCHW
+arrays, as before. Values are the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another
+order).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import torch
+
+from . import kernels
+from .ops import nn as nn_ops
+from .ops import nn_pool
+
+A = torch.ops.aten
+_TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+_DECLINE = object()  # a handler's answer for "not this call": the op runs on NCHW arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelsLast:
+    """An NCHW tensor held as NHWC (``data``); ``shape`` is the logical (NCHW) one, as torch's graph sees it."""
+    data: jax.Array
+
+    @property
+    def shape(self) -> tuple:
+        n, h, w, c = self.data.shape
+        return (n, c, h, w)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    ndim = 4
+
+
+def to_nchw(value: Any) -> Any:
+    """``value`` with every :class:`ChannelsLast` inside it (tuples, lists) transposed back to NCHW."""
+    if isinstance(value, ChannelsLast):
+        return value.data.transpose(_TO_NCHW)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_nchw(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_nchw(v) for k, v in value.items()}
+    return value
+
+
+def _physical(x) -> jax.Array:
+    """A 4-D operand as NHWC: a ChannelsLast's data, or a plain NCHW array (size-1 dims broadcast as before)."""
+    return x.data if isinstance(x, ChannelsLast) else x.transpose(_TO_NHWC)
+
+
+def _has_channels_last(args) -> bool:
+    return any(isinstance(a, ChannelsLast) or (isinstance(a, (list, tuple)) and _has_channels_last(a))
+               for a in args)
+
+
+# ------------------------------------------------------------------------------------------------ handlers
+def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    if getattr(w, "ndim", 0) != 4 or len(x.shape) != 4 or isinstance(w, ChannelsLast) or isinstance(b, ChannelsLast):
+        return _DECLINE
+    xp = _physical(x)
+    nd = 2
+    stride, dilation = nn_ops._tuple(stride, nd), nn_ops._tuple(dilation, nd)
+    k = w.shape[2:]
+    if padding == "valid":
+        pads = [(0, 0)] * nd
+    elif padding == "same":  # torch puts the odd extra pixel on the right
+        pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
+    else:
+        pads = [(p, p) for p in nn_ops._tuple(padding, nd)]
+    if xp.dtype != w.dtype:
+        raise TypeError(f"lax.conv_general_dilated requires arguments to have the same dtypes, got {xp.dtype}, "
+                        f"{w.dtype}.")
+    whwio = w.transpose(2, 3, 1, 0)
+    dn = ("NHWC", "HWIO", "NHWC")
+    if xp.dtype == jnp.float32 and kernels.available():
+        y = kernels.conv_general_dilated(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                         feature_group_count=groups)
+    elif nn_ops._depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
+        return _DECLINE  # the NCHW lowering's shifted-slices depthwise beats XLA:CPU's grouped convolution
+    else:
+        y = lax.conv_general_dilated(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                     feature_group_count=groups)
+    if b is not None:
+        y = y + b.reshape(1, 1, 1, -1)
+    return ChannelsLast(y)
+
+
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        return _DECLINE
+    return _conv(x, w, b, stride, padding, dilation, groups)
+
+
+def _batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not isinstance(x, ChannelsLast) or _has_channels_last((weight, bias, running_mean, running_var)):
+        return _DECLINE
+    out, *rest = nn_ops.batch_norm_functional(x.data, weight, bias, running_mean, running_var, training, momentum,
+                                              eps, channel_axis=3)
+    return (ChannelsLast(out), *rest)
+
+
+def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    if not isinstance(x, ChannelsLast) or _has_channels_last((weight, bias, running_mean, running_var)):
+        return _DECLINE
+    out, *rest = nn_ops.batch_norm_no_training(x.data, weight, bias, running_mean, running_var, momentum, eps,
+                                               channel_axis=3)
+    return (ChannelsLast(out), *rest)
+
+
+def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if not isinstance(x, ChannelsLast) or ceil_mode:
+        return _DECLINE
+    logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # the window is worked out on the NCHW shape, then permuted
+    win, strides, pads, dil = nn_pool._window(logical, 2, kernel_size, stride, padding, dilation, False)
+    perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
+    return ChannelsLast(lax.reduce_window(x.data, nn_pool._lowest(x.dtype), lax.max, perm(win), perm(strides),
+                                          perm(pads), window_dilation=perm(dil)))
+
+
+def _mean_dim(x, dim, keepdim=False, dtype=None):
+    if not isinstance(x, ChannelsLast) or dim is None or {d % 4 for d in dim} != {2, 3}:
+        return _DECLINE
+    from .ops.reduction import mean_dim
+    pooled = mean_dim(x.data, [1, 2], keepdim=False, dtype=dtype)  # (N, C): the same tensor in either layout
+    return pooled.reshape(pooled.shape + (1, 1)) if keepdim else pooled
+
+
+def _adaptive_avg_pool2d(x, output_size):
+    if not isinstance(x, ChannelsLast) or tuple(nn_ops._tuple(output_size, 2)) != (1, 1):
+        return _DECLINE
+    return _mean_dim(x, [2, 3], keepdim=True)
+
+
+_LAYOUT_FREE = {A.type_as.default, A._to_copy.default, A.clone.default}
+
+
+def _pointwise(target, args, kwargs):
+    """A pointwise op on channels-last operands: the same op on their NHWC data."""
+    if any(isinstance(v, ChannelsLast) for v in kwargs.values()):
+        return _DECLINE
+    if any(getattr(a, "ndim", 0) not in (0, 4) for a in args):
+        return _DECLINE  # a (C, 1, 1) or (W,) operand would broadcast against other dims once transposed
+    from .ops.registry import lookup
+    physical = [_physical(a) if getattr(a, "ndim", 0) == 4 else a for a in args]
+    out = lookup(target).fn(*physical, **kwargs)
+    if getattr(out, "ndim", 0) != 4:
+        return _DECLINE
+    return ChannelsLast(out)
+
+
+HANDLERS = {
+    A.conv2d.default: _conv, A.conv2d.padding: _conv, A.convolution.default: _convolution,
+    A._native_batch_norm_legit_functional.default: _batch_norm_functional,
+    A._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
+    A.max_pool2d.default: _max_pool2d, A.mean.dim: _mean_dim,
+    A.adaptive_avg_pool2d.default: _adaptive_avg_pool2d, A._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+}
+
+
+def run(target, args, kwargs) -> Any:
+    """The op's result with channels-last values where this module handles it, else ``_DECLINE``."""
+    if target is operator.getitem:
+        return operator.getitem(*args)
+    handler = HANDLERS.get(target)
+    if handler is not None:
+        if target in (A.conv2d.default, A.conv2d.padding, A.convolution.default) or _has_channels_last(args):
+            return handler(*args, **kwargs)
+        return _DECLINE
+    if not _has_channels_last(args):
+        return _DECLINE
+    if target in _LAYOUT_FREE or torch.Tag.pointwise in getattr(target, "tags", ()):
+        return _pointwise(target, args, kwargs)
+    return _DECLINE
+
+
+DECLINED = _DECLINE
