@@ -1,13 +1,15 @@
-"""ChannelsLast on a bridged torch ResNet: XLA's convolutions in NCHW (as exported) vs NHWC (the method's switch).
+"""A bridged torch ResNet on XLA's convolutions: torch's NCHW layout vs channels-last activations (the default).
 
 The model is the quickstart ResNet as a torch module (``interop.torch_mirrors.TorchResNetCIFAR``: depth 8, width 16,
 stem_stride 2, one input channel, 10 classes), batch 128 of 28x28x1 (Fashion-MNIST, or random data of its shape
 when the dataset is missing), trained in ``jaxcomposer.Trainer`` (DecoupledSGDW with the quickstart's lr and
 momentum, no weight decay, schedule or eval) from the same weights on the same batches, two ways:
 
-- ``nchw``: ``torch_bridge.from_torch`` of the module as it is: ``lax.conv_general_dilated`` on NCHW/OIHW.
-- ``nhwc``: the same module after ``apply_channels_last`` (Composer's ``model.to(memory_format=channels_last)``
-  plus the bridge marker): each convolution transposes to NHWC/HWIO, convolves, transposes back.
+- ``nchw``: ``torch_bridge.from_torch(..., conv_layout='NCHW')``: ``lax.conv_general_dilated`` on NCHW/OIHW.
+- ``nhwc``: the same module after ``apply_channels_last`` (Composer's ``model.to(memory_format=channels_last)``),
+  bridged with the default ``conv_layout='NHWC'``: activations stay NHWC between convolutions
+  (``torch_bridge.channels_last``). ``results/channels_last.json`` was measured before that default, when NHWC
+  meant a transpose into and out of every convolution.
 
 The bridge's oneDNN convolutions (its default for float32 2-D convolutions on CPU, channels-last inside already)
 are switched off for both sides (``torch_bridge.kernels.available`` patched to False), so both run XLA's own
@@ -85,7 +87,8 @@ def main(argv=None) -> int:
     torch.manual_seed(q["seed"])
     module = TorchResNetCIFAR(**torch_model_kwargs(q["model"]), num_classes=10, in_channels=1)
     example = (torch.from_numpy(pool[0]["input"]),)
-    bridged = {"nchw": torch_bridge.from_torch(copy.deepcopy(module), example, dynamic_batch=True),
+    bridged = {"nchw": torch_bridge.from_torch(copy.deepcopy(module), example, dynamic_batch=True,
+                                               conv_layout="NCHW"),
                "nhwc": torch_bridge.from_torch(apply_channels_last(copy.deepcopy(module)), example,
                                                dynamic_batch=True)}
     assert [b.conv_layout for b in bridged.values()] == ["NCHW", "NHWC"]
@@ -129,8 +132,8 @@ def main(argv=None) -> int:
                      "batch_size": bs, "input": "28x28x1, NCHW batches", "data": source,
                      "optimizer": {"name": "DecoupledSGDW", "lr": float(opt["lr"]), "weight_decay": 0.0},
                      "convolutions": "XLA's (oneDNN kernels disabled on both sides)",
-                     "sides": {"nchw": "from_torch as exported (conv_layout NCHW)",
-                               "nhwc": "after apply_channels_last (conv_layout NHWC)"},
+                     "sides": {"nchw": "from_torch(conv_layout='NCHW')",
+                               "nhwc": "after apply_channels_last, the default conv_layout NHWC"},
                      "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup},
            "first_step_s": first_step, "compiled_forward_backward": hlo, "results": results}
     write_json(args.out, out)

@@ -31,7 +31,7 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert result["smoke"] is True and set(result["sections"]) == set(suite.SECTIONS)
     expected_sides = {"resnet50": {"jaxcomposer", "torch_eager", "torch_compile"},
                       "gpt2": {"jaxcomposer", "torch_eager", "torch_compile"},
-                      "bridged_resnet50": {"bridged", "bridged_nhwc", "plain_flax"}}
+                      "bridged_resnet50": {"bridged", "bridged_nchw", "plain_flax"}}
     for name, section in result["sections"].items():
         assert "error" not in section, section.get("error")
         sides = section["sides"]
@@ -53,7 +53,7 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     ratios = result["sections"]["resnet50"]["ratios"]
     assert ratios["jaxcomposer_over_torch_eager"] > 0 and ratios["jaxcomposer_over_torch_compile"] is None
     assert result["sections"]["bridged_resnet50"]["ratios"]["bridged_over_plain_flax"] > 0
-    assert result["sections"]["bridged_resnet50"]["ratios"]["bridged_nhwc_over_plain_flax"] > 0
-    for section, side in (("resnet50", "jaxcomposer"), ("gpt2", "jaxcomposer"), ("bridged_resnet50", "bridged_nhwc")):
+    assert result["sections"]["bridged_resnet50"]["ratios"]["bridged_nchw_over_plain_flax"] > 0
+    for section, side in (("resnet50", "jaxcomposer"), ("gpt2", "jaxcomposer"), ("bridged_resnet50", "bridged_nchw")):
         assert result["sections"][section]["sides"][side]["compiled_step_bytes"]["argument"] > 0
     assert result["cross_section_ratios"]["bridged_over_native_trainer"] > 0
