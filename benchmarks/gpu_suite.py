@@ -203,6 +203,16 @@ def peak_flops(device, override_tflops: float | None) -> tuple[float | None, str
     return None, f"no known peak for {device.platform} device_kind {kind!r} (MFU left null)"
 
 
+def equations(jaxpr):
+    """Every equation of ``jaxpr``, those of its sub-jaxprs (jit, remat, custom VJPs, ...) included."""
+    from jax.extend.core import jaxprs_in_params
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from equations(sub)
+
+
 def matmul_flops(jaxpr) -> float:
     """FLOPs of the convolutions and matmuls in ``jaxpr`` (2 per multiply-add; elementwise work not counted),
     sub-jaxprs included. Counted from shapes, so the same on every backend (XLA's cost analysis of a lowering is
@@ -210,7 +220,7 @@ def matmul_flops(jaxpr) -> float:
     import math
 
     total = 0.0
-    for eqn in jaxpr.eqns:
+    for eqn in equations(jaxpr):
         name, out = eqn.primitive.name, eqn.outvars[0].aval
         if name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
@@ -221,27 +231,17 @@ def matmul_flops(jaxpr) -> float:
             # kernel elements per output element: in-channels per group x spatial taps
             per_output = math.prod(rhs.shape) // rhs.shape[dn.rhs_spec[0]]
             total += 2.0 * math.prod(out.shape) * per_output
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += matmul_flops(inner)
     return total
 
 
-def matmul_operand_dtypes(jaxpr, counts: dict | None = None) -> dict:
+def matmul_operand_dtypes(jaxpr) -> dict:
     """``{dtype name: count}`` over the operands of ``jaxpr``'s convolutions and matmuls (sub-jaxprs included):
     under AMP every one should be bfloat16, and a float32 count says a layer promoted back to float32."""
-    counts = {} if counts is None else counts
-    for eqn in jaxpr.eqns:
+    counts: dict = {}
+    for eqn in equations(jaxpr):
         if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
             for v in eqn.invars[:2]:
                 counts[str(v.aval.dtype)] = counts.get(str(v.aval.dtype), 0) + 1
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    matmul_operand_dtypes(inner, counts)
     return counts
 
 

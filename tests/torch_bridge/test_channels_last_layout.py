@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.jaxprs import equations
 from torch_bridge import from_torch
 
 
@@ -99,19 +100,10 @@ def test_nhwc_equals_nchw_and_torch(name, train):
                                    rtol=1e-5, atol=1e-5, err_msg=key)
 
 
-def _activation_transposes(jaxpr, batch: int, found: list) -> list:
+def _activation_transposes(jaxpr, batch: int) -> list:
     """Transposes of 4-D batch-leading tensors with spatial extent (activations, not kernels or pooled vectors)."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "transpose":
-            shape = eqn.invars[0].aval.shape
-            if len(shape) == 4 and shape[0] == batch and max(shape[1:]) > 1 and min(shape[1:]) > 1:
-                found.append(shape)
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _activation_transposes(inner, batch, found)
-    return found
+    shapes = [eqn.invars[0].aval.shape for eqn in equations(jaxpr) if eqn.primitive.name == "transpose"]
+    return [s for s in shapes if len(s) == 4 and s[0] == batch and min(s[1:]) > 1]
 
 
 @pytest.mark.parametrize("blocks", [1, 4])
@@ -124,4 +116,4 @@ def test_a_conv_chain_transposes_its_activations_once(blocks):
     x = np.ones((2, 3, 6, 6), np.float32)
     bm = from_torch(module, (torch.from_numpy(x),), dynamic_batch=False, modes=(True,), conv_layout="NHWC")
     forward = jax.make_jaxpr(lambda p: bm.apply(p, bm.buffers, None, x)[0])(bm.params)
-    assert _activation_transposes(forward.jaxpr, 2, []) == [(2, 3, 6, 6)]
+    assert _activation_transposes(forward.jaxpr, 2) == [(2, 3, 6, 6)]

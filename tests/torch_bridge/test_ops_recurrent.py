@@ -5,7 +5,6 @@ length), inter-layer dropout, and whole ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` mo
 import functools
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from torch import nn
 import torch_bridge  # noqa: F401  registers the ops
 from torch_bridge import from_torch
 from torch_bridge.ops.registry import lookup, supported
+from tests.jaxprs import equations
 from tests.torch_bridge.parity import (LAYER_TOL, MODEL_TOL, JitTable, assert_close_on_scale,
                                       assert_signature_matches_schema, check_parity, to_jax)
 
@@ -157,12 +157,7 @@ def test_grad_parity(name):
 # the lowering is one scan per layer and direction, and its program does not grow with the sequence length
 # ---------------------------------------------------------------------------------------------------------------
 def _count(jaxpr, prim=None):
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += prim is None or eqn.primitive.name == prim
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            n += _count(sub, prim)
-    return n
+    return sum(prim is None or eqn.primitive.name == prim for eqn in equations(jaxpr))
 
 
 @pytest.mark.parametrize("kind,layers,bidirectional", [("lstm", 2, True), ("gru", 3, False), ("rnn_tanh", 1, True)])

@@ -16,6 +16,7 @@ import torch_bridge
 from jaxcomposer.models import (BERT, GPT, MLP, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM, ResNetCIFAR,
                                 ViT, resnet50)
 from jaxcomposer.trainer.step import make_forward
+from tests.jaxprs import equations
 
 MATMULS = ("conv_general_dilated", "dot_general")
 
@@ -81,16 +82,9 @@ def case(request):
     return request.param, task, batch
 
 
-def _matmuls(jaxpr, found: list) -> list:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in MATMULS:
-            found.append((eqn.primitive.name, tuple(v.aval.dtype for v in eqn.invars)))
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _matmuls(inner, found)
-    return found
+def _matmuls(jaxpr) -> list:
+    return [(eqn.primitive.name, tuple(v.aval.dtype for v in eqn.invars)) for eqn in equations(jaxpr)
+            if eqn.primitive.name in MATMULS]
 
 
 def test_every_forward_matmul_and_conv_runs_in_bf16(case):
@@ -98,7 +92,7 @@ def test_every_forward_matmul_and_conv_runs_in_bf16(case):
     forward = make_forward(task, "amp_bf16")
     closed = jax.make_jaxpr(lambda p, s, b: forward(p, s, b, train=True, key=jax.random.key(0)))(
         task.params, task.state, batch)
-    found = _matmuls(closed.jaxpr, [])
+    found = _matmuls(closed.jaxpr)
     assert found, name
     wide = [(prim, dtypes) for prim, dtypes in found if any(d != jnp.bfloat16 for d in dtypes)]
     assert not wide, f"{name}: {len(wide)} of {len(found)} not in bf16, e.g. {wide[:3]}"
@@ -144,4 +138,4 @@ def test_a_dtype_the_user_gave_a_layer_stays():
     task = task.bind(batch) if not task.is_bound else task
     forward = make_forward(task, "amp_bf16")
     closed = jax.make_jaxpr(lambda p, s, b: forward(p, s, b, train=True, key=None))(task.params, task.state, batch)
-    assert [dtypes for _, dtypes in _matmuls(closed.jaxpr, [])] == [(jnp.bfloat16,) * 2, (jnp.float32,) * 2]
+    assert [dtypes for _, dtypes in _matmuls(closed.jaxpr)] == [(jnp.bfloat16,) * 2, (jnp.float32,) * 2]
