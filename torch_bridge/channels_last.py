@@ -29,10 +29,11 @@ import torch
 from . import kernels
 from .ops import nn as nn_ops
 from .ops import nn_pool
+from .ops.registry import lookup
 
 A = torch.ops.aten
 _TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
-_DECLINE = object()  # a handler's answer for "not this call": the op runs on NCHW arrays
+DECLINED = object()  # a handler's answer for "not this call": the op runs on NCHW arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,27 +77,17 @@ def _has_channels_last(args) -> bool:
 # ------------------------------------------------------------------------------------------------ handlers
 def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     if getattr(w, "ndim", 0) != 4 or len(x.shape) != 4 or isinstance(w, ChannelsLast) or isinstance(b, ChannelsLast):
-        return _DECLINE
+        return DECLINED
     xp = _physical(x)
-    nd = 2
-    stride, dilation = nn_ops._tuple(stride, nd), nn_ops._tuple(dilation, nd)
-    k = w.shape[2:]
-    if padding == "valid":
-        pads = [(0, 0)] * nd
-    elif padding == "same":  # torch puts the odd extra pixel on the right
-        pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
-    else:
-        pads = [(p, p) for p in nn_ops._tuple(padding, nd)]
-    if xp.dtype != w.dtype:
-        raise TypeError(f"lax.conv_general_dilated requires arguments to have the same dtypes, got {xp.dtype}, "
-                        f"{w.dtype}.")
+    stride, dilation = nn_ops._tuple(stride, 2), nn_ops._tuple(dilation, 2)
+    pads = nn_ops.conv_pads(padding, w.shape[2:], dilation)
     whwio = w.transpose(2, 3, 1, 0)
     dn = ("NHWC", "HWIO", "NHWC")
     if xp.dtype == jnp.float32 and kernels.available():
         y = kernels.conv_general_dilated(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
                                          feature_group_count=groups)
     elif nn_ops._depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
-        return _DECLINE  # the NCHW lowering's shifted-slices depthwise beats XLA:CPU's grouped convolution
+        return DECLINED  # the NCHW lowering's shifted-slices depthwise beats XLA:CPU's grouped convolution
     else:
         y = lax.conv_general_dilated(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
                                      feature_group_count=groups)
@@ -107,13 +98,13 @@ def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        return _DECLINE
+        return DECLINED
     return _conv(x, w, b, stride, padding, dilation, groups)
 
 
 def _batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     if not isinstance(x, ChannelsLast) or _has_channels_last((weight, bias, running_mean, running_var)):
-        return _DECLINE
+        return DECLINED
     out, *rest = nn_ops.batch_norm_functional(x.data, weight, bias, running_mean, running_var, training, momentum,
                                               eps, channel_axis=3)
     return (ChannelsLast(out), *rest)
@@ -121,7 +112,7 @@ def _batch_norm_functional(x, weight, bias, running_mean, running_var, training,
 
 def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     if not isinstance(x, ChannelsLast) or _has_channels_last((weight, bias, running_mean, running_var)):
-        return _DECLINE
+        return DECLINED
     out, *rest = nn_ops.batch_norm_no_training(x.data, weight, bias, running_mean, running_var, momentum, eps,
                                                channel_axis=3)
     return (ChannelsLast(out), *rest)
@@ -129,7 +120,7 @@ def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum
 
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     if not isinstance(x, ChannelsLast) or ceil_mode:
-        return _DECLINE
+        return DECLINED
     logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # the window is worked out on the NCHW shape, then permuted
     win, strides, pads, dil = nn_pool._window(logical, 2, kernel_size, stride, padding, dilation, False)
     perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
@@ -139,7 +130,7 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
 
 def _mean_dim(x, dim, keepdim=False, dtype=None):
     if not isinstance(x, ChannelsLast) or dim is None or {d % 4 for d in dim} != {2, 3}:
-        return _DECLINE
+        return DECLINED
     from .ops.reduction import mean_dim
     pooled = mean_dim(x.data, [1, 2], keepdim=False, dtype=dtype)  # (N, C): the same tensor in either layout
     return pooled.reshape(pooled.shape + (1, 1)) if keepdim else pooled
@@ -147,7 +138,7 @@ def _mean_dim(x, dim, keepdim=False, dtype=None):
 
 def _adaptive_avg_pool2d(x, output_size):
     if not isinstance(x, ChannelsLast) or tuple(nn_ops._tuple(output_size, 2)) != (1, 1):
-        return _DECLINE
+        return DECLINED
     return _mean_dim(x, [2, 3], keepdim=True)
 
 
@@ -157,14 +148,16 @@ _LAYOUT_FREE = {A.type_as.default, A._to_copy.default, A.clone.default}
 def _pointwise(target, args, kwargs):
     """A pointwise op on channels-last operands: the same op on their NHWC data."""
     if any(isinstance(v, ChannelsLast) for v in kwargs.values()):
-        return _DECLINE
+        return DECLINED
     if any(getattr(a, "ndim", 0) not in (0, 4) for a in args):
-        return _DECLINE  # a (C, 1, 1) or (W,) operand would broadcast against other dims once transposed
-    from .ops.registry import lookup
+        return DECLINED  # a (C, 1, 1) or (W,) operand would broadcast against other dims once transposed
+    lowering = lookup(target)
+    if lowering is None or lowering.random:  # a random op would need its key: the interpreter's path gives it
+        return DECLINED
     physical = [_physical(a) if getattr(a, "ndim", 0) == 4 else a for a in args]
-    out = lookup(target).fn(*physical, **kwargs)
+    out = lowering.fn(*physical, **kwargs)
     if getattr(out, "ndim", 0) != 4:
-        return _DECLINE
+        return DECLINED
     return ChannelsLast(out)
 
 
@@ -178,19 +171,17 @@ HANDLERS = {
 
 
 def run(target, args, kwargs) -> Any:
-    """The op's result with channels-last values where this module handles it, else ``_DECLINE``."""
-    if target is operator.getitem:
+    """The op's result, with channels-last values, where this module handles the op; else ``DECLINED``."""
+    if target is operator.getitem and isinstance(args[0], (tuple, list)):  # one result of a multi-output op
         return operator.getitem(*args)
     handler = HANDLERS.get(target)
     if handler is not None:
         if target in (A.conv2d.default, A.conv2d.padding, A.convolution.default) or _has_channels_last(args):
             return handler(*args, **kwargs)
-        return _DECLINE
+        return DECLINED
     if not _has_channels_last(args):
-        return _DECLINE
+        return DECLINED
     if target in _LAYOUT_FREE or torch.Tag.pointwise in getattr(target, "tags", ()):
         return _pointwise(target, args, kwargs)
-    return _DECLINE
+    return DECLINED
 
-
-DECLINED = _DECLINE

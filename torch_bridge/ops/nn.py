@@ -73,12 +73,7 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
         y = _xla_conv(x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation, groups=groups,
                       conv_layout=conv_layout)
     else:
-        if padding == "valid":
-            pads = [(0, 0)] * nd
-        elif padding == "same":  # torch puts the odd extra pixel on the right
-            pads = [(d * (ki - 1) // 2, d * (ki - 1) - d * (ki - 1) // 2) for ki, d in zip(k, dilation)]
-        else:
-            pads = [(p, p) for p in _tuple(padding, nd)]
+        pads = conv_pads(padding, k, dilation)
         if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and kernels.available():
             # oneDNN on CPU (torch's own kernels; ~2x XLA:CPU's; channels-last inside), lax on other platforms
             y = kernels.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
@@ -90,6 +85,15 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
     if b is not None:
         y = y + _channel(b, y.ndim)
     return y[0] if unbatched else y
+
+
+def conv_pads(padding, kernel: tuple, dilation: tuple) -> list[tuple[int, int]]:
+    """torch's ``padding`` (``'valid'``, ``'same'``, an int or one per spatial dim) as lax's (low, high) pairs."""
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding == "same":  # torch puts the odd extra pixel on the right
+        return [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(kernel, dilation)]
+    return [(p, p) for p in _tuple(padding, len(kernel))]
 
 
 def _xla_conv(x, w, stride, pads, *, lhs_dilation=None, rhs_dilation, groups, conv_layout):
