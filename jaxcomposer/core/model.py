@@ -83,8 +83,9 @@ def compute_in(module: nnx.Module, dtype) -> None:
     Given bf16 params, such layers would still compute in float32: ``BatchNorm`` promotes its input to its
     float32 running statistics, and ``Embed`` fixes its dtype to its float32 table's at construction, so every
     layer after them would run in float32 too. A ``dtype`` a layer was built with stays (``Embed``'s excepted,
-    which cannot be told from its default). ``from_nnx`` does this to the fresh copy each step builds, never to the
-    user's module."""
+    which cannot be told from its default: so a transformer's residual stream, starting at its embedding, is bf16,
+    where torch's autocast keeps it float32; a model wanting that casts the embedding's output itself).
+    ``from_nnx`` does this to the fresh copy each step builds, never to the user's module."""
     for _, layer in nnx.iter_modules(module):
         if not type(layer).__module__.startswith("flax.") or not hasattr(layer, "param_dtype"):
             continue
