@@ -10,8 +10,10 @@ layout, to the first op that does; only there is it transposed back (:func:`to_n
 Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
 pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``) whose tensor operands are
 channels-last, 4-D, 0-d or Python scalars, max pooling without ``ceil_mode``, and the global average pool
-(``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain tensors again). Every other op gets NCHW
-arrays, as before. Values are the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another
+(``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain tensors again); ``permute`` reads the
+data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its LayerNorm and MLP channels-last is no transpose at all,
+and the ``permute(0, 3, 1, 2)`` back makes a channels-last tensor again). Every other op gets NCHW arrays, as
+before. Values are the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another
 order).
 """
 from __future__ import annotations
@@ -142,6 +144,20 @@ def _adaptive_avg_pool2d(x, output_size):
     return _mean_dim(x, [2, 3], keepdim=True)
 
 
+_PHYSICAL_AXIS = (0, 3, 1, 2)  # where each NCHW axis lies in the NHWC data
+
+
+def _permute(x, dims):
+    """ConvNeXt's ``x.permute(0, 2, 3, 1)`` of a channels-last tensor is its data as it is, and the
+    ``permute(0, 3, 1, 2)`` back of a plain NHWC tensor is that tensor held channels-last: no data moves."""
+    dims = tuple(d % 4 for d in dims) if len(x.shape) == 4 else None
+    if isinstance(x, ChannelsLast):
+        return x.data.transpose(tuple(_PHYSICAL_AXIS[d] for d in dims))
+    if dims == _TO_NCHW:
+        return ChannelsLast(x)
+    return DECLINED
+
+
 _LAYOUT_FREE = {A.type_as.default, A._to_copy.default, A.clone.default}
 
 
@@ -167,7 +183,9 @@ HANDLERS = {
     A._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
     A.max_pool2d.default: _max_pool2d, A.mean.dim: _mean_dim,
     A.adaptive_avg_pool2d.default: _adaptive_avg_pool2d, A._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+    A.permute.default: _permute,
 }
+_ON_PLAIN_INPUTS = (A.conv2d.default, A.conv2d.padding, A.convolution.default, A.permute.default)
 
 
 def run(target, args, kwargs) -> Any:
@@ -176,7 +194,7 @@ def run(target, args, kwargs) -> Any:
         return operator.getitem(*args)
     handler = HANDLERS.get(target)
     if handler is not None:
-        if target in (A.conv2d.default, A.conv2d.padding, A.convolution.default) or _has_channels_last(args):
+        if target in _ON_PLAIN_INPUTS or _has_channels_last(args):
             return handler(*args, **kwargs)
         return DECLINED
     if not _has_channels_last(args):

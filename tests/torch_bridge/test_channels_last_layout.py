@@ -65,7 +65,24 @@ class UpDown(nn.Module):
         return (self.up(torch.relu(self.bn(self.down(x)))) + x).mean((2, 3), keepdim=True)
 
 
-MODELS = {"residual": Residual, "mixed": Mixed, "up_down": UpDown}
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a depthwise conv, then ``permute(0, 2, 3, 1)`` to run LayerNorm and the MLP channels-last,
+    ``permute(0, 3, 1, 2)`` back, and the residual add."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 2, 2)
+        self.dw, self.norm = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        y = self.fc2(nn.functional.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+        return (x + y).mean((2, 3))
+
+
+MODELS = {"residual": Residual, "mixed": Mixed, "up_down": UpDown, "convnext_block": ConvNeXtBlock}
 
 
 def _run(module: nn.Module, x: np.ndarray, layout: str, train: bool):
@@ -113,7 +130,16 @@ def test_a_conv_chain_transposes_its_activations_once(blocks):
     for _ in range(blocks - 1):
         layers += [nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 1, 1)]
     module = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)).train()
-    x = np.ones((2, 3, 6, 6), np.float32)
+    x = np.ones((5, 3, 6, 6), np.float32)  # a batch no kernel dim equals
     bm = from_torch(module, (torch.from_numpy(x),), dynamic_batch=False, modes=(True,), conv_layout="NHWC")
     forward = jax.make_jaxpr(lambda p: bm.apply(p, bm.buffers, None, x)[0])(bm.params)
-    assert _activation_transposes(forward.jaxpr, 2) == [(2, 3, 6, 6)]
+    assert _activation_transposes(forward.jaxpr, 5) == [(5, 3, 6, 6)]
+
+
+def test_convnext_permutes_move_no_data():
+    """Into channels-last and back around the LayerNorm and MLP: only the image is transposed."""
+    module = ConvNeXtBlock().train()
+    x = np.ones((5, 3, 8, 8), np.float32)  # a batch no kernel dim equals
+    bm = from_torch(module, (torch.from_numpy(x),), dynamic_batch=False, modes=(True,))
+    forward = jax.make_jaxpr(lambda p: bm.apply(p, bm.buffers, None, x)[0])(bm.params)
+    assert _activation_transposes(forward.jaxpr, 5) == [(5, 3, 8, 8)]
