@@ -8,9 +8,10 @@ same NCHW tensor, held as NHWC) from the convolution that makes it, through the 
 layout, to the first op that does; only there is it transposed back (:func:`to_nchw`).
 
 Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
-pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``) whose tensor operands are
-channels-last, 4-D, 0-d or Python scalars, max pooling without ``ceil_mode``, and the global average pool
-(``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain tensors again); ``permute`` reads the
+pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``; any operand that broadcasts
+against the channels-last one), max pooling without ``ceil_mode``, ``mean`` with ``keepdim`` (a channels-first
+LayerNorm's), and the global average pool (``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain
+tensors again); ``permute`` reads the
 data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its LayerNorm and MLP channels-last is no transpose at all,
 and the ``permute(0, 3, 1, 2)`` back makes a channels-last tensor again). Every other op gets NCHW arrays, as
 before. Values are the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another
@@ -67,8 +68,11 @@ def to_nchw(value: Any) -> Any:
 
 
 def _physical(x) -> jax.Array:
-    """A 4-D operand as NHWC: a ChannelsLast's data, or a plain NCHW array (size-1 dims broadcast as before)."""
-    return x.data if isinstance(x, ChannelsLast) else x.transpose(_TO_NHWC)
+    """An operand as NHWC: a ChannelsLast's data, or a plain array broadcasting against NCHW: one of fewer dims
+    (a per-channel ``(C, 1, 1)``) aligns with the trailing ones, so it is padded to 4-D first, as numpy would."""
+    if isinstance(x, ChannelsLast):
+        return x.data
+    return x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)).transpose(_TO_NHWC)
 
 
 def _has_channels_last(args) -> bool:
@@ -131,11 +135,17 @@ def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=Fals
 
 
 def _mean_dim(x, dim, keepdim=False, dtype=None):
-    if not isinstance(x, ChannelsLast) or dim is None or {d % 4 for d in dim} != {2, 3}:
+    """With ``keepdim`` the mean stays channels-last (over any dims: a channels-first LayerNorm's mean over C too);
+    without it, only the global average pool (H and W) is taken here, giving a plain (N, C)."""
+    if not isinstance(x, ChannelsLast) or dim is None:
         return DECLINED
     from .ops.reduction import mean_dim
-    pooled = mean_dim(x.data, [1, 2], keepdim=False, dtype=dtype)  # (N, C): the same tensor in either layout
-    return pooled.reshape(pooled.shape + (1, 1)) if keepdim else pooled
+    axes = sorted({d % 4 for d in dim})
+    if keepdim:
+        return ChannelsLast(mean_dim(x.data, [_PHYSICAL_AXIS[d] for d in axes], keepdim=True, dtype=dtype))
+    if axes != [2, 3]:
+        return DECLINED
+    return mean_dim(x.data, [1, 2], keepdim=False, dtype=dtype)  # (N, C): the same tensor in either layout
 
 
 def _adaptive_avg_pool2d(x, output_size):
@@ -165,12 +175,12 @@ def _pointwise(target, args, kwargs):
     """A pointwise op on channels-last operands: the same op on their NHWC data."""
     if any(isinstance(v, ChannelsLast) for v in kwargs.values()):
         return DECLINED
-    if any(getattr(a, "ndim", 0) not in (0, 4) for a in args):
-        return DECLINED  # a (C, 1, 1) or (W,) operand would broadcast against other dims once transposed
+    if any(getattr(a, "ndim", 0) > 4 for a in args):
+        return DECLINED
     lowering = lookup(target)
     if lowering is None or lowering.random:  # a random op would need its key: the interpreter's path gives it
         return DECLINED
-    physical = [_physical(a) if getattr(a, "ndim", 0) == 4 else a for a in args]
+    physical = [_physical(a) if getattr(a, "ndim", 0) else a for a in args]
     out = lowering.fn(*physical, **kwargs)
     if getattr(out, "ndim", 0) != 4:
         return DECLINED

@@ -67,16 +67,21 @@ class UpDown(nn.Module):
 
 class ConvNeXtBlock(nn.Module):
     """ConvNeXt's block: a depthwise conv, then ``permute(0, 2, 3, 1)`` to run LayerNorm and the MLP channels-last,
-    ``permute(0, 3, 1, 2)`` back, and the residual add."""
+    ``permute(0, 3, 1, 2)`` back, and the residual add; after the stem, Hugging Face's channels-first LayerNorm
+    (means over C kept as dims, a per-channel (C, 1, 1) scale and shift)."""
 
     def __init__(self, c: int = 8):
         super().__init__()
         self.stem = nn.Conv2d(3, c, 2, 2)
+        self.stem_scale, self.stem_shift = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.rand(c) - 0.5)
         self.dw, self.norm = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c)
         self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
 
     def forward(self, x):
         x = self.stem(x)
+        mean = x.mean(1, keepdim=True)
+        x = (x - mean) / torch.sqrt((x - mean).pow(2).mean(1, keepdim=True) + 1e-6)
+        x = self.stem_scale[:, None, None] * x + self.stem_shift[:, None, None]
         y = self.norm(self.dw(x).permute(0, 2, 3, 1))
         y = self.fc2(nn.functional.gelu(self.fc1(y))).permute(0, 3, 1, 2)
         return (x + y).mean((2, 3))
