@@ -15,9 +15,10 @@ Sections (each on synthetic batches put on the device before timing, so no input
   ``interop.torch_mirrors.TorchGPT`` (``F.scaled_dot_product_attention``), fused ``torch.optim.AdamW``.
 - ``bridged_resnet50``: ``torch_bridge.from_torch`` of torchvision's resnet50 (train graph, static batch) in the
   ``Trainer``, NCHW batches, with channels-last activations (``bridged``, the bridge's default) and in torch's
-  layout (``bridged_nchw``, ``conv_layout='NCHW'``), vs. ``plain_flax``: a hand-written ``jax.jit(donate_argnums=...)`` step of the native
-  NNX ResNet-50 (NHWC) with the same optimizer, the Trainer's AMP casts and bf16 layers. The JSON also compares
-  the bridged figure with section ``resnet50``'s Trainer (``cross_section_ratios``).
+  layout (``bridged_nchw``, ``conv_layout='NCHW'``), vs. ``plain_flax``: a hand-written
+  ``jax.jit(donate_argnums=...)`` step of the native NNX ResNet-50 (NHWC) with the same optimizer, the Trainer's AMP
+  casts and bf16 layers. The JSON also compares the bridged figure with section ``resnet50``'s Trainer
+  (``cross_section_ratios``).
 
 Precision: bf16 on the GPU (``Trainer(precision='amp_bf16')``: fp32 master weights, bf16 compute, fp32 logits
 and loss; the same casts in the plain step; ``torch.autocast(dtype=torch.bfloat16)``). The Trainer and the plain
@@ -662,9 +663,9 @@ def bridged_section(env: Env) -> dict:
             # dimension, which exports several times faster than a symbolic one
             bm = torch_bridge.from_torch(module.train(), (torch.zeros(bs, 3, hw, hw),), dynamic_batch=False,
                                          modes=(True,), conv_layout=conv_layout)
-            setup.update(torch_model=source, convert_s=round(time.perf_counter() - t0, 3),
-                         bridge={"dynamic_batch": False, "modes": "train graph only", "params": len(bm.params),
-                                 "buffers": len(bm.buffers)})
+            setup.setdefault("convert_s", {})[conv_layout] = round(time.perf_counter() - t0, 3)
+            setup.update(torch_model=source, bridge={"dynamic_batch": False, "modes": "train graph only",
+                                                     "params": len(bm.params), "buffers": len(bm.buffers)})
             return trainer_side(env, ComposerClassifier(steps_only(bm), num_classes=nc), DecoupledSGDW(**sgd),
                                 images("nchw"))
         return build
