@@ -10,12 +10,11 @@ layout, to the first op that does; only there is it transposed back (:func:`to_n
 Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
 pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``; any operand that broadcasts
 against the channels-last one), max pooling without ``ceil_mode``, ``mean`` with ``keepdim`` (a channels-first
-LayerNorm's), and the global average pool (``mean`` over H and W, ``adaptive_avg_pool2d`` to 1x1, which give plain
-tensors again); ``permute`` reads the
-data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its LayerNorm and MLP channels-last is no transpose at all,
-and the ``permute(0, 3, 1, 2)`` back makes a channels-last tensor again). Every other op gets NCHW arrays, as
-before. Values are the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another
-order).
+LayerNorm's; ``adaptive_avg_pool2d`` to 1x1 is one), while the global average pool without it (``mean`` over H and
+W) gives a plain (N, C); ``permute`` reads the data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its
+LayerNorm and MLP channels-last is no transpose at all, and the ``permute(0, 3, 1, 2)`` back makes a channels-last
+tensor again), and ``cat`` of 4-D tensors joins their data. Every other op gets NCHW arrays, as before. Values are
+the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another order).
 """
 from __future__ import annotations
 
@@ -168,6 +167,15 @@ def _permute(x, dims):
     return DECLINED
 
 
+def _cat(tensors, dim=0):
+    """Concatenation of 4-D tensors (DenseNet's and Inception's along channels, a U-Net's skips) stays
+    channels-last, along the dim's place in the NHWC data."""
+    if not any(isinstance(t, ChannelsLast) for t in tensors) or any(len(t.shape) != 4 for t in tensors):
+        return DECLINED
+    dtype = jnp.result_type(*(t.dtype for t in tensors))
+    return ChannelsLast(jnp.concatenate([_physical(t).astype(dtype) for t in tensors], axis=_PHYSICAL_AXIS[dim % 4]))
+
+
 _LAYOUT_FREE = {A.type_as.default, A._to_copy.default, A.clone.default}
 
 
@@ -193,7 +201,7 @@ HANDLERS = {
     A._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
     A.max_pool2d.default: _max_pool2d, A.mean.dim: _mean_dim,
     A.adaptive_avg_pool2d.default: _adaptive_avg_pool2d, A._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
-    A.permute.default: _permute,
+    A.permute.default: _permute, A.cat.default: _cat,
 }
 _ON_PLAIN_INPUTS = (A.conv2d.default, A.conv2d.padding, A.convolution.default, A.permute.default)
 

@@ -87,7 +87,21 @@ class ConvNeXtBlock(nn.Module):
         return (x + y).mean((2, 3))
 
 
-MODELS = {"residual": Residual, "mixed": Mixed, "up_down": UpDown, "convnext_block": ConvNeXtBlock}
+class InceptionLike(nn.Module):
+    """Branches joined by ``torch.cat`` along channels (and once along width), the input itself among them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 3, padding=1)
+        self.head = nn.Conv2d(12, 2, 3, padding=1)
+
+    def forward(self, x):
+        y = self.head(torch.cat([self.a(x), torch.relu(self.b(x)), x], dim=1))
+        return torch.cat([y, y * 2], dim=-1)
+
+
+MODELS = {"residual": Residual, "mixed": Mixed, "up_down": UpDown, "convnext_block": ConvNeXtBlock,
+          "inception_like": InceptionLike}
 
 
 def _run(module: nn.Module, x: np.ndarray, layout: str, train: bool):
