@@ -92,8 +92,8 @@ class InceptionLike(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 5, 3, padding=1)
-        self.head = nn.Conv2d(12, 2, 3, padding=1)
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 6, 3, padding=1)
+        self.head = nn.Conv2d(13, 2, 3, padding=1)
 
     def forward(self, x):
         y = self.head(torch.cat([self.a(x), torch.relu(self.b(x)), x], dim=1))
@@ -162,3 +162,13 @@ def test_convnext_permutes_move_no_data():
     bm = from_torch(module, (torch.from_numpy(x),), dynamic_batch=False, modes=(True,))
     forward = jax.make_jaxpr(lambda p: bm.apply(p, bm.buffers, None, x)[0])(bm.params)
     assert _activation_transposes(forward.jaxpr, 5) == [(5, 3, 8, 8)]
+
+
+def test_cat_joins_channels_last_data():
+    """Branches joined along channels and along width: the image goes in (once per reader; XLA merges those) and
+    the output comes out, nothing else."""
+    module = InceptionLike().train()
+    x = np.ones((5, 3, 8, 8), np.float32)  # a batch no kernel dim equals
+    bm = from_torch(module, (torch.from_numpy(x),), dynamic_batch=False, modes=(True,))
+    forward = jax.make_jaxpr(lambda p: bm.apply(p, bm.buffers, None, x)[0])(bm.params)
+    assert set(_activation_transposes(forward.jaxpr, 5)) == {(5, 3, 8, 8), (5, 8, 16, 2)}
