@@ -9,12 +9,12 @@ layout, to the first op that does; only there is it transposed back (:func:`to_n
 
 Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
 pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``; any operand that broadcasts
-against the channels-last one), max pooling without ``ceil_mode``, ``mean`` with ``keepdim`` (a channels-first
-LayerNorm's; ``adaptive_avg_pool2d`` to 1x1 is one), while the global average pool without it (``mean`` over H and
-W) gives a plain (N, C); ``permute`` reads the data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its
-LayerNorm and MLP channels-last is no transpose at all, and the ``permute(0, 3, 1, 2)`` back makes a channels-last
-tensor again), and ``cat`` of 4-D tensors joins their data. Every other op gets NCHW arrays, as before. Values are
-the same as the NCHW graph's up to float rounding (a BatchNorm's sums run in another order).
+against the channels-last one), max and average pooling, ``mean`` with ``keepdim`` (a channels-first LayerNorm's;
+``adaptive_avg_pool2d`` to 1x1 is one), while the global average pool without it (``mean`` over H and W) gives a
+plain (N, C); ``permute`` reads the data in place (ConvNeXt's ``permute(0, 2, 3, 1)`` to run its LayerNorm and MLP
+channels-last is no transpose at all, and the ``permute(0, 3, 1, 2)`` back makes a channels-last tensor again), and
+``cat`` of 4-D tensors joins their data. Every other op gets NCHW arrays, as before. Values are the same as the NCHW
+graph's up to float rounding (a BatchNorm's sums run in another order).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import torch
@@ -124,13 +125,27 @@ def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum
 
 
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    if not isinstance(x, ChannelsLast) or ceil_mode:
+    if not isinstance(x, ChannelsLast):
         return DECLINED
     logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # the window is worked out on the NCHW shape, then permuted
-    win, strides, pads, dil = nn_pool._window(logical, 2, kernel_size, stride, padding, dilation, False)
+    win, strides, pads, dil = nn_pool._window(logical, 2, kernel_size, stride, padding, dilation, ceil_mode)
     perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
     return ChannelsLast(lax.reduce_window(x.data, nn_pool._lowest(x.dtype), lax.max, perm(win), perm(strides),
                                           perm(pads), window_dilation=perm(dil)))
+
+
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    if not isinstance(x, ChannelsLast):
+        return DECLINED
+    logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # as max pooling: the NCHW window, permuted
+    win, strides, pads, _ = nn_pool._window(logical, 2, kernel_size, stride, padding, 1, ceil_mode)
+    perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
+    total = lax.reduce_window(x.data, np.array(0, x.dtype), lax.add, perm(win), perm(strides), perm(pads))
+    if divisor_override:
+        return ChannelsLast(total / divisor_override)
+    count = nn_pool.avg_pool_divisor(x.shape[2:], x.dtype, win[2:], strides[2:], pads[2:], count_include_pad)
+    return ChannelsLast(total / count.reshape((1,) + count.shape + (1,)))
 
 
 def _mean_dim(x, dim, keepdim=False, dtype=None):
@@ -199,7 +214,7 @@ HANDLERS = {
     A.conv2d.default: _conv, A.conv2d.padding: _conv, A.convolution.default: _convolution,
     A._native_batch_norm_legit_functional.default: _batch_norm_functional,
     A._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
-    A.max_pool2d.default: _max_pool2d, A.mean.dim: _mean_dim,
+    A.max_pool2d.default: _max_pool2d, A.avg_pool2d.default: _avg_pool2d, A.mean.dim: _mean_dim,
     A.adaptive_avg_pool2d.default: _adaptive_avg_pool2d, A._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     A.permute.default: _permute, A.cat.default: _cat,
 }

@@ -1,9 +1,9 @@
 """``conv_layout='NHWC'``: activations stay channels-last between convolutions (``torch_bridge.channels_last``).
 
 One table of small torch models, each exercising a handled op or a place where the layout must turn back to NCHW
-(flatten, a per-channel (C, 1, 1) operand, a transposed convolution, ceil-mode pooling); per model, the NHWC graph
-equals torch and the NCHW graph (outputs, updated buffers, gradients), and a conv-BN-ReLU chain transposes its
-activations once, however long it is.
+(flatten, a transposed convolution) or could be tempted to (per-channel operands, ceil-mode and padded pooling); per
+model, the NHWC graph equals torch and the NCHW graph (outputs, updated buffers, gradients), and conv chains, a
+ConvNeXt block and concatenations transpose only the image (and the output).
 """
 from __future__ import annotations
 
@@ -32,12 +32,13 @@ class Residual(nn.Module):
         identity = self.pool(torch.relu_(self.bn(self.stem(x))))
         out = self.bn2(self.conv(identity))
         out += identity
-        return self.head(nn.functional.adaptive_avg_pool2d(torch.relu(out), 1).flatten(1))
+        out = nn.functional.avg_pool2d(torch.relu(out), 3, 1, 1)  # the padding counted in the divisor
+        return self.head(nn.functional.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
 class Mixed(nn.Module):
-    """A biased 'same' conv, a depthwise conv, a per-channel (C,1,1) scale, sigmoid gating, flatten into a linear,
-    and a ceil-mode pool: the ops that hand back NCHW sit between the ones that keep NHWC."""
+    """A biased 'same' conv, a depthwise conv, a per-channel (C,1,1) scale, sigmoid gating, average and ceil-mode
+    max pooling, then flatten into a linear (which needs NCHW again)."""
 
     def __init__(self):
         super().__init__()
@@ -50,6 +51,7 @@ class Mixed(nn.Module):
     def forward(self, x):
         y = self.conv(x)
         y = y * torch.sigmoid(self.dw(y)) * self.scale
+        y = nn.functional.avg_pool2d(y, 3, 1, 1, ceil_mode=True, count_include_pad=False)
         return self.head(self.pool(y).flatten(1))
 
 

@@ -88,22 +88,26 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return _max_pool(x, 2, *args), _argmax_pool(x, 2, *args)
 
 
-def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    win, strides, pads, _ = _window(x, nd, kernel, stride, padding, 1, ceil_mode)
-    zero = np.array(0, x.dtype)
-    total = lax.reduce_window(x, zero, lax.add, win, strides, pads)
-    if divisor_override:
-        return total / divisor_override
-    # divisor per output position: ones over the input (and over the symmetric padding if count_include_pad);
-    # the ceil_mode overhang never counts
-    p = [lo for lo, _ in pads[-nd:]]
-    ones = jnp.ones(x.shape[-nd:], x.dtype)
+def avg_pool_divisor(spatial: tuple, dtype, win, strides, pads, count_include_pad):
+    """The divisor of each output position (shape: the output's spatial dims), from the spatial window: ones over
+    the input (and over the symmetric padding if ``count_include_pad``); the ceil_mode overhang never counts."""
+    zero = np.array(0, dtype)
+    p = [lo for lo, _ in pads]
+    ones = jnp.ones(spatial, dtype)
     if count_include_pad:
         ones = jnp.pad(ones, [(pi, pi) for pi in p], constant_values=1)
-        inner = [(0, hi - pi) for pi, (_, hi) in zip(p, pads[-nd:])]
+        inner = [(0, hi - pi) for pi, (_, hi) in zip(p, pads)]
     else:
-        inner = pads[-nd:]
-    count = lax.reduce_window(ones, zero, lax.add, win[-nd:], strides[-nd:], inner)
+        inner = pads
+    return lax.reduce_window(ones, zero, lax.add, win, strides, inner)
+
+
+def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    win, strides, pads, _ = _window(x, nd, kernel, stride, padding, 1, ceil_mode)
+    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, win, strides, pads)
+    if divisor_override:
+        return total / divisor_override
+    count = avg_pool_divisor(x.shape[-nd:], x.dtype, win[-nd:], strides[-nd:], pads[-nd:], count_include_pad)
     return total / count.reshape((1,) * (x.ndim - nd) + count.shape)
 
 
