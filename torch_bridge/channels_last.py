@@ -32,6 +32,7 @@ import torch
 from . import kernels
 from .ops import nn as nn_ops
 from .ops import nn_pool
+from .ops.reduction import mean_dim
 from .ops.registry import lookup
 
 A = torch.ops.aten
@@ -124,24 +125,31 @@ def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum
     return (ChannelsLast(out), *rest)
 
 
+def _nhwc(t: tuple) -> tuple:
+    """A per-axis tuple in NCHW order (window, strides, pads) in the NHWC data's order."""
+    return tuple(t[i] for i in _TO_NHWC)
+
+
+def _window(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """The pooling window of ``x``, worked out on its NCHW shape as the NCHW lowering does (NCHW order)."""
+    return nn_pool._window(jax.ShapeDtypeStruct(x.shape, x.dtype), 2, kernel_size, stride, padding, dilation,
+                           ceil_mode)
+
+
 def _max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     if not isinstance(x, ChannelsLast):
         return DECLINED
-    logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # the window is worked out on the NCHW shape, then permuted
-    win, strides, pads, dil = nn_pool._window(logical, 2, kernel_size, stride, padding, dilation, ceil_mode)
-    perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
-    return ChannelsLast(lax.reduce_window(x.data, nn_pool._lowest(x.dtype), lax.max, perm(win), perm(strides),
-                                          perm(pads), window_dilation=perm(dil)))
+    win, strides, pads, dil = map(_nhwc, _window(x, kernel_size, stride, padding, dilation, ceil_mode))
+    return ChannelsLast(lax.reduce_window(x.data, nn_pool._lowest(x.dtype), lax.max, win, strides, pads,
+                                          window_dilation=dil))
 
 
 def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     if not isinstance(x, ChannelsLast):
         return DECLINED
-    logical = jax.ShapeDtypeStruct(x.shape, x.dtype)  # as max pooling: the NCHW window, permuted
-    win, strides, pads, _ = nn_pool._window(logical, 2, kernel_size, stride, padding, 1, ceil_mode)
-    perm = lambda t: tuple(t[i] for i in _TO_NHWC)  # noqa: E731
-    total = lax.reduce_window(x.data, np.array(0, x.dtype), lax.add, perm(win), perm(strides), perm(pads))
+    win, strides, pads, _ = _window(x, kernel_size, stride, padding, 1, ceil_mode)
+    total = lax.reduce_window(x.data, np.array(0, x.dtype), lax.add, _nhwc(win), _nhwc(strides), _nhwc(pads))
     if divisor_override:
         return ChannelsLast(total / divisor_override)
     count = nn_pool.avg_pool_divisor(x.shape[2:], x.dtype, win[2:], strides[2:], pads[2:], count_include_pad)
@@ -153,7 +161,6 @@ def _mean_dim(x, dim, keepdim=False, dtype=None):
     without it, only the global average pool (H and W) is taken here, giving a plain (N, C)."""
     if not isinstance(x, ChannelsLast) or dim is None:
         return DECLINED
-    from .ops.reduction import mean_dim
     axes = sorted({d % 4 for d in dim})
     if keepdim:
         return ChannelsLast(mean_dim(x.data, [_PHYSICAL_AXIS[d] for d in axes], keepdim=True, dtype=dtype))
