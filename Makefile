@@ -18,7 +18,7 @@ WITH_PYC := env -u PYTHONDONTWRITEBYTECODE
 # 69.4-72.3 s without (-8%). Debian's libjemalloc2 (installed by `make malloc`); found at run time, so a machine
 # without it runs as before. oversize_threshold:0 keeps large blocks in the ordinary arenas: by default jemalloc
 # gives every block over 8 MiB (XLA's per-step buffers) back to the system at once, so each step faulted its memory
-# in anew; the quickstart step took 49 ms against 28.5 ms with glibc and 29 ms with this setting (step_profile.py).
+# in anew; the ResNet-8 step took 49 ms against 28.5 ms with glibc and 29 ms with this setting (step_profile.py).
 JEMALLOC = $(shell ldconfig -p 2>/dev/null | awk '/libjemalloc\.so\.2 /{print $$NF; exit}')
 RUN = $(WITH_PYC) $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$(if $(LD_PRELOAD),:$(LD_PRELOAD)) \
   MALLOC_CONF=$(or $(MALLOC_CONF),oversize_threshold:0))

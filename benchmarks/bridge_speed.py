@@ -1,6 +1,6 @@
 """One model trained three ways on CPU: torch eager vs. torch_bridge in the Trainer vs. native NNX in the Trainer.
 
-The model is the quickstart ResNet (``configs/quickstart.yaml``: depth 8, width 16, stem_stride 2, one input
+The model is the ResNet-8 workload (``configs/resnet8_fashion_mnist.yaml``: depth 8, width 16, stem_stride 2, one input
 channel, 10 classes), batch size and lr from the same file, SGD with momentum 0.9 and Nesterov, no weight decay,
 no schedule, no algorithms, no eval:
 
@@ -45,7 +45,7 @@ from flax import nnx
 
 import torch_bridge
 from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
-                    load_quickstart, machine_facts, results_path, torch_model_kwargs, write_json)
+                    load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json)
 from interop.torch_mirrors import TorchResNetCIFAR
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.models import ResNetCIFAR
@@ -54,9 +54,9 @@ from jaxcomposer.optim import DecoupledSGDW
 NAME = "bridge_speed"
 
 
-def quickstart_setup(path: Path) -> dict:
-    """The quickstart config with this benchmark's model defaults (10 classes, 1 channel) and SGD fields."""
-    q = load_quickstart(path)
+def resnet8_setup(path: Path) -> dict:
+    """The ResNet-8 workload config with this benchmark's model defaults (10 classes, 1 channel) and SGD fields."""
+    q = load_benchmark_config(path)
     opt = q.pop("optimizer")
     return {**q, "model": {"num_classes": 10, "in_channels": 1, **q["model"]}, "lr": float(opt["lr"]),
             "momentum": float(opt.get("momentum", 0.9)), "nesterov": bool(opt.get("nesterov", False))}
@@ -125,7 +125,7 @@ def torch_worker(args) -> int:
     """The child's side of ``ChildTorchSide``: a number runs that many steps (replies the seconds), ``loss`` replies
     the last loss."""
     torch.set_num_threads(args.torch_threads)
-    q = quickstart_setup(Path(args.config))
+    q = resnet8_setup(Path(args.config))
     pool, _ = fashion_mnist_batches(q["batch_size"], count=min(max(args.steps, 4), 64), seed=0)
     torch.manual_seed(q["seed"])
     side = TorchSide(TorchResNetCIFAR(**torch_model_kwargs(q["model"])), q, to_nchw(pool))
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
         ap.error("--warmup, --steps and --rounds must be >= 1")
     torch.set_num_threads(args.torch_threads)
 
-    q = quickstart_setup(Path(args.config))
+    q = resnet8_setup(Path(args.config))
     bs = q["batch_size"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
     pool_nchw = to_nchw(pool)

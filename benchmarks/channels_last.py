@@ -1,8 +1,8 @@
 """A bridged torch ResNet on XLA's convolutions: torch's NCHW layout vs channels-last activations (the default).
 
-The model is the quickstart ResNet as a torch module (``interop.torch_mirrors.TorchResNetCIFAR``: depth 8, width 16,
+The model is the ResNet-8 workload as a torch module (``interop.torch_mirrors.TorchResNetCIFAR``: depth 8, width 16,
 stem_stride 2, one input channel, 10 classes), batch 128 of 28x28x1 (Fashion-MNIST, or random data of its shape
-when the dataset is missing), trained in ``jaxcomposer.Trainer`` (DecoupledSGDW with the quickstart's lr and
+when the dataset is missing), trained in ``jaxcomposer.Trainer`` (DecoupledSGDW with the ResNet-8 workload's lr and
 momentum, no weight decay, schedule or eval) from the same weights on the same batches, two ways:
 
 - ``nchw``: ``torch_bridge.from_torch(..., conv_layout='NCHW')``: ``lax.conv_general_dilated`` on NCHW/OIHW.
@@ -42,7 +42,7 @@ import torch
 import torch_bridge
 import torch_bridge.kernels
 from common import (CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
-                    load_quickstart, machine_facts, results_path, torch_model_kwargs, write_json)
+                    load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json)
 from interop.torch_mirrors import TorchResNetCIFAR
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.algorithms import apply_channels_last
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     onednn_was_available = torch_bridge.kernels.available()
     torch_bridge.kernels.available = lambda: False  # XLA's convolutions on both sides: the path the switch changes
 
-    q = load_quickstart(Path(args.config))
+    q = load_benchmark_config(Path(args.config))
     bs, opt = q["batch_size"], q["optimizer"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 32), seed=0)
     pool = [{"input": np.ascontiguousarray(b["input"].transpose(0, 3, 1, 2)), "target": b["target"]} for b in pool]

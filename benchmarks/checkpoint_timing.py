@@ -1,6 +1,6 @@
-"""How long a checkpoint save and restore take, for the quickstart model (in both formats: ``.npz`` items, the
+"""How long a checkpoint save and restore take, for the ResNet-8 workload model (in both formats: ``.npz`` items, the
 default for small states, and orbax's array format) and a ~100M-parameter state, and what asynchronous saving
-every 20 batches costs a training step: two quickstart Trainers, one saving and one not, trained in interleaved
+every 20 batches costs a training step: two ResNet-8 Trainers, one saving and one not, trained in interleaved
 rounds (median of the per-round ratios, so the machine's drift hits both sides alike).
 Usage: python benchmarks/checkpoint_timing.py [--smoke] [--rounds N]
 Writes benchmarks/results/checkpoint_timing.json; prints a table last."""
@@ -45,7 +45,7 @@ def time_store(state, folder: Path, **store_kwargs) -> dict:
             "restore_verified_s": round(t_restore, 3), "bytes_on_disk": size}
 
 
-def quickstart_side(save_folder=None) -> TrainerSide:
+def resnet8_side(save_folder=None) -> TrainerSide:
     rng = np.random.default_rng(0)
     data = {"input": rng.standard_normal((128 * 8, 28, 28, 1), dtype=np.float32),
             "target": rng.integers(0, 10, 128 * 8).astype(np.int32)}
@@ -65,7 +65,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ckpt-timing-"))
     results = {}
     try:
-        quick = quickstart_side().trainer
+        quick = resnet8_side().trainer
         results["quickstart_state"] = time_store(quick.state.train_state, tmp / "quick")
         results["quickstart_state_orbax_format"] = time_store(quick.state.train_state, tmp / "quick_orbax",
                                                               small_state_bytes=0)
@@ -77,7 +77,7 @@ def main() -> None:
         results[f"{n // 1_000_000}M_params_plus_momentum"] = time_store(big, tmp / "big")
         del big
         steps = 20 if args.smoke else 200
-        plain, saving = quickstart_side(), quickstart_side(tmp / "train")
+        plain, saving = resnet8_side(), resnet8_side(tmp / "train")
         for side in (plain, saving):
             side.run(steps)  # compile and warm up
         rounds = {"no_saving": [], "async_save_every_20ba": []}

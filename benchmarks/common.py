@@ -1,5 +1,5 @@
 """What the benchmark scripts share: the machine facts recorded beside every result, where results are written, the
-quickstart config, the input batches, and the pieces of the Trainer-vs-something throughput harnesses."""
+ResNet-8 workload config, the input batches, and the pieces of the Trainer-vs-something throughput harnesses."""
 from __future__ import annotations
 
 import datetime
@@ -57,17 +57,18 @@ def write_json(path: Path | str, obj: dict, indent: int = 2) -> None:
 
 
 def add_round_args(ap, warmup_help: str) -> None:
-    """``--config`` (the quickstart by default), ``--steps``, ``--rounds``, ``--warmup``: the interleaved-rounds
+    """``--config`` (the ResNet-8 workload by default), ``--steps``, ``--rounds``, ``--warmup``: the interleaved-rounds
     options of the throughput benchmarks."""
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--config", default=str(ROOT / "configs" / "resnet8_fashion_mnist.yaml"))
     ap.add_argument("--steps", type=int, default=100, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=10, help=warmup_help)
 
 
-def load_quickstart(path: Path | str) -> dict:
-    """``configs/quickstart.yaml`` as the throughput benchmarks use it: ``model`` kwargs (without ``name``),
-    ``batch_size``, ``optimizer`` kwargs of its ``decoupled_sgdw`` (without ``name``) and ``seed``."""
+def load_benchmark_config(path: Path | str) -> dict:
+    """``configs/resnet8_fashion_mnist.yaml`` (or another config) as the throughput benchmarks use it: ``model``
+    kwargs (without ``name``), ``model_name``, ``batch_size``, ``optimizer`` kwargs of its ``decoupled_sgdw``
+    (without ``name``) and ``seed``."""
     import yaml
 
     path = Path(path)
@@ -75,7 +76,7 @@ def load_quickstart(path: Path | str) -> dict:
     opt = dict(cfg["optimizer"])
     if opt.pop("name") != "decoupled_sgdw":
         raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
-    return {"model": {k: v for k, v in cfg["model"].items() if k != "name"},
+    return {"model": {k: v for k, v in cfg["model"].items() if k != "name"}, "model_name": cfg["model"]["name"],
             "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0))}
 
 

@@ -1,8 +1,8 @@
-"""Each speedup method alone, and the quickstart recipe, against the baseline on Fashion-MNIST (CPU).
+"""Each speedup method alone, and the ResNet-8 recipe (LS + EMA), against the baseline on Fashion-MNIST (CPU).
 
 Usage: python benchmarks/methods_fashion_mnist.py [--smoke] [--budget SECONDS] [--seeds 17 ...] [--only NAME ...]
 
-Every run is the quickstart setup (ResNet-8 width 16 with a stride-2 stem, decoupled SGDW with Nesterov momentum,
+Every run is the ResNet-8 workload (width 16 with a stride-2 stem, decoupled SGDW with Nesterov momentum,
 cosine with 10% warmup over 3 epochs, batch 128) plus one method, with the same seeds. A run stops when its
 *training* time (evaluation excluded) reaches the budget or the schedule ends. It is evaluated on 5,000 test
 images every half epoch. Reported per method:

@@ -1,10 +1,10 @@
-"""Where one training step's time goes: XLA's per-kernel CPU profile of the quickstart ResNet step, native (NHWC)
+"""Where one training step's time goes: XLA's per-kernel CPU profile of the ResNet-8 workload step, native (NHWC)
 and bridged (``torch_bridge.from_torch``, NCHW), beside torch's profiler on the same step in eager PyTorch.
 
 The step is the plain one the speed goals are about: forward in train mode (BatchNorm batch statistics), softmax
 cross-entropy, backward, SGD with Nesterov momentum; batch ``--batch-size`` of random 28x28x1 images, the
-quickstart model (``configs/quickstart.yaml``: ResNet-8, width 16, stride-2 stem). No loader, no Trainer: what is
-left is the compiled step itself, so the numbers say which kernels to work on.
+ResNet-8 workload (``configs/resnet8_fashion_mnist.yaml``: width 16, stride-2 stem). No loader, no Trainer: what
+is left is the compiled step itself, so the numbers say which kernels to work on.
 
 - JAX sides: ``jax.profiler`` trace of ``--steps`` steps after warm-up; XLA's thunk events are summed per kernel
   (over both threads, so a sum can exceed the wall time) and grouped: ``conv`` (YNNPACK/Eigen/oneDNN convolution kernels, ``ynn_fusion``/``convolution*``/``ffi_call``), ``transpose``
@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import ROOT, load_quickstart, machine_facts, results_path, torch_model_kwargs, write_json
+from common import ROOT, load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json
 
 NAME = "step_profile"
 # Host-side bookkeeping events in a JAX trace, not kernels
@@ -200,7 +200,7 @@ def torch_in_child(args, model_kwargs: dict, lr: float, momentum: float, batch_s
 # ----------------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
+    ap.add_argument("--config", default=str(ROOT / "configs" / "resnet8_fashion_mnist.yaml"))
     ap.add_argument("--batch-size", type=int, default=None, help="default: the config's")
     ap.add_argument("--steps", type=int, default=20, help="steps per timed round and in the profile")
     ap.add_argument("--rounds", type=int, default=3)
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    q = load_quickstart(args.config)
+    q = load_benchmark_config(args.config)
     batch_size = args.batch_size or int(q["batch_size"])
     model_kwargs = {"num_classes": 10, "in_channels": 1, **q["model"]}
     lr, momentum = float(q["optimizer"]["lr"]), float(q["optimizer"].get("momentum", 0.9))

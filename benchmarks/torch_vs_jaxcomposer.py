@@ -2,10 +2,10 @@
 
 Both sides read ``configs/quickstart.yaml`` and train the same thing:
 
-- model: ``ResNetCIFAR`` with the config's kwargs; the torch copy below mirrors ``jaxcomposer/models/resnet.py``
-  (bias-free 3x3 convs with padding 1, 1x1 conv + BN projection shortcuts, BN eps 1e-5 and torch momentum
-  ``1 - flax momentum``, global average pool, linear head; kaiming-normal fan-out conv init, flax's lecun-normal
-  (truncated) head init, zero bias). Torch runs NCHW tensors in channels-last memory, ``torch.set_num_threads(2)``.
+- model: the config's model (``convnet`` or ``resnet_cifar``) with its kwargs; the torch side is its mirror from
+  ``interop.torch_mirrors`` (the same layers, BN eps 1e-5 and torch momentum ``1 - flax momentum``; kaiming-normal
+  fan-out conv init, flax's lecun-normal (truncated) head init, zero bias). Torch runs NCHW tensors in
+  channels-last memory, ``torch.set_num_threads(2)``.
 - data: the same loaders (``jaxcomposer.data.make_loaders`` with the config's seed, so the same shuffled batches)
   and the same host normalization ``(x / 255 - mean) / std``; batch size and epochs from the config.
 - optimizer: Composer's DecoupledSGDW. Torch: ``torch.optim.SGD(lr=lr * alpha_t, momentum, nesterov,
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import os
 import sys
 import time
@@ -128,62 +127,14 @@ def normalization(info):
 
 # ---------------------------------------------------------------------------------------------------------------
 # torch
-def build_torch_model(model_kwargs: dict, in_channels: int, num_classes: int):
-    import torch
-    from torch import nn
+def build_torch_model(name: str, model_kwargs: dict, in_channels: int, num_classes: int):
+    """The config's model as its torch mirror (``interop.torch_mirrors``: same layers, same init distributions)."""
+    from interop.torch_mirrors import TorchConvNet, TorchResNetCIFAR
 
-    def conv(cin, cout, k, stride):
-        c = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
-        nn.init.kaiming_normal_(c.weight, mode="fan_out", nonlinearity="relu")
-        return c
-
-    def bn(c, momentum, zero=False):
-        b = nn.BatchNorm2d(c, eps=1e-5, momentum=1.0 - momentum)
-        nn.init.zeros_(b.weight) if zero else nn.init.ones_(b.weight)
-        nn.init.zeros_(b.bias)
-        return b
-
-    class BasicBlock(nn.Module):
-        def __init__(self, cin, cout, stride, bn_momentum, zero_init_residual):
-            super().__init__()
-            self.conv1, self.bn1 = conv(cin, cout, 3, stride), bn(cout, bn_momentum)
-            self.conv2, self.bn2 = conv(cout, cout, 3, 1), bn(cout, bn_momentum, zero_init_residual)
-            if stride != 1 or cin != cout:
-                self.proj = nn.Sequential(conv(cin, cout, 1, stride), bn(cout, bn_momentum))
-            else:
-                self.proj = None
-
-        def forward(self, x):
-            y = torch.relu(self.bn1(self.conv1(x)))
-            y = self.bn2(self.conv2(y))
-            return torch.relu(y + (x if self.proj is None else self.proj(x)))
-
-    class ResNetCIFAR(nn.Module):
-        def __init__(self, depth=20, width=16, num_classes=10, in_channels=3, stem_stride=1, widen=(1, 2, 4),
-                     bn_momentum=0.9, zero_init_residual=False):
-            super().__init__()
-            n = (depth - 2) // 6
-            self.stem = nn.Sequential(conv(in_channels, width, 3, stem_stride), bn(width, bn_momentum))
-            blocks, cin = [], width
-            for stage, mult in enumerate(widen):
-                cout = width * mult
-                for i in range(n):
-                    blocks.append(BasicBlock(cin, cout, 2 if (stage > 0 and i == 0) else 1, bn_momentum,
-                                             zero_init_residual))
-                    cin = cout
-            self.blocks = nn.Sequential(*blocks)
-            self.head = nn.Linear(cin, num_classes)
-            # flax nnx.Linear: lecun_normal = variance_scaling(1, fan_in, truncated_normal); bias zeros
-            std = math.sqrt(1.0 / cin) / 0.87962566103423978
-            nn.init.trunc_normal_(self.head.weight, std=std, a=-2 * std, b=2 * std)
-            nn.init.zeros_(self.head.bias)
-
-        def forward(self, x):
-            x = torch.relu(self.stem(x))
-            x = self.blocks(x)
-            return self.head(x.mean(dim=(2, 3)))
-
-    return ResNetCIFAR(**{"num_classes": num_classes, "in_channels": in_channels, **model_kwargs})
+    mirrors = {"resnet_cifar": TorchResNetCIFAR, "convnet": TorchConvNet}
+    if name not in mirrors:
+        raise SystemExit(f"model.name {name!r}: this benchmark has torch mirrors for {sorted(mirrors)} only")
+    return mirrors[name](**{"num_classes": num_classes, "in_channels": in_channels, **model_kwargs})
 
 
 def run_torch(s: dict):
@@ -196,7 +147,8 @@ def run_torch(s: dict):
     cfg, info = s["cfg"], s["info"]
     torch.manual_seed(cfg.seed)
     kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-    model = build_torch_model(torch_model_kwargs(kwargs), info.input_shape[-1], info.num_classes)
+    model = build_torch_model(cfg.model["name"], torch_model_kwargs(kwargs), info.input_shape[-1],
+                              info.num_classes)
     n_params = sum(p.numel() for p in model.parameters())
     channels_last = s["torch_memory_format"] == "channels_last"
     if channels_last:

@@ -1,9 +1,10 @@
 """Trainer step throughput vs. a hand-written jitted loop of the same model (goal: within 3%).
 
-Model, batch size and optimizer come from ``configs/quickstart.yaml``. No schedulers, no algorithms, no eval,
-``progress_bar=False``, one CPU device (``devices=jax.devices()[:1]``; the hand loop uses no sharding). Both sides
-train on the same pool of host numpy batches (Fashion-MNIST, normalized on the host as ``jaxcomposer fit`` does;
-random data of the same shape when the dataset is missing).
+Model, batch size and optimizer come from ``--config`` (default ``configs/resnet8_fashion_mnist.yaml``; any config
+whose model ``jaxcomposer.models.BUILDERS`` builds). No schedulers, no algorithms, no eval, ``progress_bar=False``,
+one CPU device (``devices=jax.devices()[:1]``; the hand loop uses no sharding). Both sides train on the same pool
+of host numpy batches (Fashion-MNIST, normalized on the host as ``jaxcomposer fit`` does; random data of the same
+shape when the dataset is missing).
 
 Two sync modes, both measured, interleaved A, B, A, B ... over ``--rounds`` rounds of ``--steps`` steps after a
 warm-up (compile) round:
@@ -30,11 +31,11 @@ import jax
 from flax import nnx
 
 from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
-                    load_quickstart, machine_facts, results_path, write_json)
+                    load_benchmark_config, machine_facts, results_path, write_json)
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.model import soft_cross_entropy
-from jaxcomposer.models import ResNetCIFAR
+from jaxcomposer.models import BUILDERS
 from jaxcomposer.optim import DecoupledSGDW
 
 NAME = "trainer_overhead"
@@ -49,8 +50,13 @@ class ReadLoss(Callback):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+def config_model(q: dict) -> nnx.Module:
+    """The config's model (``model.name`` from ``jaxcomposer.models.BUILDERS``) for 10-class, 1-channel images."""
+    return BUILDERS[q["model_name"]](**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
+
+
 def trainer_side(q: dict, pool: list[dict], steps: int, total: int, read_loss: bool) -> TrainerSide:
-    module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
+    module = config_model(q)
     return TrainerSide(model=ComposerClassifier(module, num_classes=10),
                        train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
                        max_duration=f"{total}ba", optimizers=DecoupledSGDW(**q["optimizer"]),
@@ -61,8 +67,7 @@ def trainer_side(q: dict, pool: list[dict], steps: int, total: int, read_loss: b
 
 class HandSide:
     def __init__(self, q: dict, pool: list[dict], read_loss: bool):
-        module = ResNetCIFAR(**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
-        graphdef, params, bn_state = nnx.split(module, nnx.Param, ...)
+        graphdef, params, bn_state = nnx.split(config_model(q), nnx.Param, ...)
         tx = DecoupledSGDW(**q["optimizer"])
 
         def step(params, bn_state, opt_state, x, y):
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
     if not modes or any(m not in ("loss", "async") for m in modes):
         ap.error("--modes: a comma list of 'loss' and 'async'")
 
-    q = load_quickstart(Path(args.config))
+    q = load_benchmark_config(Path(args.config))
     bs = q["batch_size"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
     total = args.warmup + args.rounds * args.steps
@@ -157,7 +162,7 @@ def main(argv=None) -> int:
 
     out = {"benchmark": NAME, "smoke": args.smoke, "goal": f"trainer within {1 - GOAL_RATIO:.0%} of the hand-written "
            f"loop (median ratio trainer/hand >= {GOAL_RATIO})", "machine": machine_facts(),
-           "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": "resnet_cifar", **q["model"]},
+           "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": q["model_name"], **q["model"]},
                      "batch_size": bs, "optimizer": {"name": "decoupled_sgdw", **q["optimizer"]},
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
                      "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,

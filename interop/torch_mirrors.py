@@ -6,6 +6,8 @@ so :mod:`interop.torch_weights` can move weights between them with a short, expl
 - :class:`TorchMLP` <-> :class:`jaxcomposer.models.mlp.MLP`
 - :class:`TorchResNetCIFAR` <-> :class:`jaxcomposer.models.resnet.ResNetCIFAR` (NCHW here, NHWC natively; the
   weights are the same up to the HWIO <-> OIHW conv-kernel transpose, activations differ in layout only)
+- :class:`TorchConvNet` <-> :class:`jaxcomposer.models.convnet.ConvNet` (likewise; its flatten head reads the final
+  map in H, W, C order, as the NHWC native model does)
 - :class:`TorchGPT` <-> :class:`jaxcomposer.models.gpt.GPT`
 
 Initialisation follows the native models' distributions (not their random streams), so a freshly built mirror is
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TorchMLP", "TorchResNetCIFAR", "TorchBasicBlock", "TorchGPT", "TorchBlock", "TorchCausalSelfAttention"]
+__all__ = ["TorchMLP", "TorchResNetCIFAR", "TorchBasicBlock", "TorchConvNet", "TorchGPT", "TorchBlock", "TorchCausalSelfAttention"]
 
 
 def _lecun_normal_(weight: torch.Tensor) -> None:
@@ -139,6 +141,35 @@ class TorchResNetCIFAR(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x.mean(dim=(2, 3)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ConvNet
+class TorchConvNet(nn.Module):
+    """``conv -> BN -> ReLU`` stages and a linear head on NCHW images, mirroring the native NHWC ``ConvNet``."""
+
+    def __init__(self, channels: Sequence[int] = (32, 64, 128), strides: Sequence[int] = (2, 2, 2),
+                 kernel_size: int = 3, num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
+                 head: str = "flatten", bn_momentum: float = 0.9):
+        super().__init__()
+        if head not in ("flatten", "avg"):
+            raise ValueError(f"TorchConvNet: head must be 'flatten' or 'avg', got {head!r}.")
+        cins = (in_channels, *channels[:-1])
+        self.convs = nn.ModuleList([_conv(a, b, kernel_size, s) for a, b, s in zip(cins, channels, strides)])
+        self.bns = nn.ModuleList([_bn(c, bn_momentum) for c in channels])
+        size = image_size
+        for s in strides:
+            size = (size + 2 * (kernel_size // 2) - kernel_size) // s + 1
+        self.head_kind = head
+        self.head = _linear(channels[-1] * (size * size if head == "flatten" else 1), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, bn in zip(self.convs, self.bns):
+            x = F.relu(bn(conv(x)))
+        if self.head_kind == "avg":
+            return self.head(x.mean(dim=(2, 3)))
+        # flattened in (H, W, C) order, as the NHWC native model does, so the head's weights map one to one
+        return self.head(x.permute(0, 2, 3, 1).flatten(1))
 
 
 # ---------------------------------------------------------------------------------------------------------------

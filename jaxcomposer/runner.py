@@ -214,6 +214,8 @@ def _flat_features(info) -> int:
 MODEL_FROM_DATA: dict[str, Any] = {
     "mlp": lambda info, kw, rngs: models.MLP(
         **{"in_features": _flat_features(info), "num_classes": info.num_classes, **kw}, rngs=rngs),
+    "convnet": lambda info, kw, rngs: models.ConvNet(
+        **{**_image_kwargs(info), "image_size": info.input_shape[0], **kw}, rngs=rngs),
     "resnet_cifar": lambda info, kw, rngs: models.ResNetCIFAR(**{**_image_kwargs(info), **kw}, rngs=rngs),
     "resnet": lambda info, kw, rngs: models.resnet(**{**_image_kwargs(info), **kw}, rngs=rngs),
     "vit": lambda info, kw, rngs: models.vit(

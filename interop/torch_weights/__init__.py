@@ -8,6 +8,7 @@ NNX model           layouts (first: the default)  torch side
 ==================  ============================  =============================================================
 ``MLP``             ``mirror``                    ``interop.torch_mirrors.TorchMLP``
 ``ResNetCIFAR``     ``mirror``                    ``interop.torch_mirrors.TorchResNetCIFAR``
+``ConvNet``         ``mirror``                    ``interop.torch_mirrors.TorchConvNet``
 ``ResNetImageNet``  ``torchvision``               ``torchvision.models.resnet{18,34,50,101,152}``
 ``GPT``             ``mirror``, ``hf``            ``interop.torch_mirrors.TorchGPT``; HF ``GPT2LMHeadModel``
 ``BERT``            ``hf``                        HF ``BertForMaskedLM``, ``BertForSequenceClassification``,
@@ -69,6 +70,7 @@ __all__ = ["Entry", "ConversionTable", "TableBuilder", "LAYOUTS", "NAMED_MODELS"
 LAYOUTS: dict[type, dict[str, Callable[[Any], ConversionTable]]] = {
     models.MLP: {"mirror": native.mlp_table},
     models.ResNetCIFAR: {"mirror": native.resnet_cifar_table},
+    models.ConvNet: {"mirror": native.convnet_table},
     models.ResNetImageNet: {"torchvision": resnet.torchvision_table},
     models.GPT: {"mirror": native.gpt_mirror_table, "hf": gpt2.hf_gpt2_table},
     models.ViT: {"hf": vit.hf_vit_table, "hf_legacy": vit.hf_vit_legacy_table},

@@ -1,6 +1,7 @@
 """Tables for the ``interop.torch_mirrors`` layouts: module names are the same on both sides.
 
-``MLP``, ``ResNetCIFAR`` and ``GPT`` map onto ``TorchMLP``, ``TorchResNetCIFAR`` and ``TorchGPT`` key for key
+``MLP``, ``ResNetCIFAR``, ``ConvNet`` and ``GPT`` map onto ``TorchMLP``, ``TorchResNetCIFAR``, ``TorchConvNet`` and
+``TorchGPT`` key for key
 (``blocks.3.conv1``, ``blocks.0.attn.qkv``, ``head``, ...). A GPT with tied embeddings has no ``lm_head`` on either
 side; on import a redundant ``lm_head.weight`` (as nanoGPT-style state dicts carry) is accepted only if it equals
 ``wte.weight``.
@@ -8,6 +9,7 @@ side; on import a redundant ``lm_head.weight`` (as nanoGPT-style state dicts car
 from __future__ import annotations
 
 from interop.torch_weights.table import ConversionTable, TableBuilder
+from jaxcomposer.models.convnet import ConvNet
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR
@@ -32,6 +34,15 @@ def resnet_cifar_table(model: ResNetCIFAR) -> ConversionTable:
         if block.proj_conv is not None:
             b.conv(("blocks", i, "proj_conv"))
             b.batchnorm(("blocks", i, "proj_bn"))
+    b.linear(("head",))
+    return b.build()
+
+
+def convnet_table(model: ConvNet) -> ConversionTable:
+    b = TableBuilder("ConvNet", "mirror")
+    for i in range(len(model.convs)):
+        b.conv(("convs", i))
+        b.batchnorm(("bns", i))
     b.linear(("head",))
     return b.build()
 

@@ -8,6 +8,7 @@ from flax import nnx
 
 from jaxcomposer.core.model import PureModel
 from jaxcomposer.models.bert import BERT, BERT_SIZES, bert
+from jaxcomposer.models.convnet import ConvNet
 from jaxcomposer.models.gpt import GPT, GPT2_SIZES, gpt2
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR, resnet_cifar
@@ -19,11 +20,11 @@ from jaxcomposer.models.vit import VIT_SIZES, ViT, vit
 
 # A config's ``model.name`` -> the model's builder; its keywords (and, for a builder that passes ``**kwargs`` on, those
 # of the class it returns) are the config keys.
-BUILDERS: dict[str, Any] = {"mlp": MLP, "resnet_cifar": ResNetCIFAR, "resnet": resnet, "vit": vit, "gpt": GPT,
-                            "gpt2": gpt2, "bert": bert}
+BUILDERS: dict[str, Any] = {"mlp": MLP, "convnet": ConvNet, "resnet_cifar": ResNetCIFAR, "resnet": resnet,
+                            "vit": vit, "gpt": GPT, "gpt2": gpt2, "bert": bert}
 # ... and what it trains: "image" classification, "causal_lm" (next token), "masked_lm"
-MODEL_KINDS: dict[str, str] = {"mlp": "image", "resnet_cifar": "image", "resnet": "image", "vit": "image",
-                               "gpt": "causal_lm", "gpt2": "causal_lm", "bert": "masked_lm"}
+MODEL_KINDS: dict[str, str] = {"mlp": "image", "convnet": "image", "resnet_cifar": "image", "resnet": "image",
+                               "vit": "image", "gpt": "causal_lm", "gpt2": "causal_lm", "bert": "masked_lm"}
 
 
 def num_params(model: Any) -> int:
@@ -37,7 +38,7 @@ def num_params(model: Any) -> int:
     return int(sum(leaf.size for leaf in jax.tree_util.tree_leaves(tree)))
 
 
-__all__ = ["BUILDERS", "MODEL_KINDS", "GPT", "GPT2_SIZES", "gpt2", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet",
+__all__ = ["BUILDERS", "MODEL_KINDS", "ConvNet", "GPT", "GPT2_SIZES", "gpt2", "MLP", "ResNetCIFAR", "resnet_cifar", "ResNetImageNet", "resnet",
            "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "ComposerClassifier",
            "ComposerCausalLM", "num_params", "ViT", "VIT_SIZES", "vit", "BERT", "BERT_SIZES", "bert",
            "ComposerMaskedLM"]

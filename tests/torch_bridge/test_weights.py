@@ -1,4 +1,4 @@
-"""interop.torch_weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR and GPT."""
+"""interop.torch_weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR, ConvNet and GPT."""
 from __future__ import annotations
 
 import jax
@@ -8,10 +8,11 @@ import pytest
 import torch
 from flax import nnx
 
+from jaxcomposer.models.convnet import ConvNet
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR
-from interop.torch_mirrors import TorchGPT, TorchMLP, TorchResNetCIFAR
+from interop.torch_mirrors import TorchConvNet, TorchGPT, TorchMLP, TorchResNetCIFAR
 from interop.torch_weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 
@@ -24,6 +25,10 @@ CASES = {
     "resnet8": (dict(depth=8, width=4, num_classes=5, in_channels=3), ResNetCIFAR, TorchResNetCIFAR, "image"),
     "resnet14_s2": (dict(depth=14, width=4, num_classes=3, in_channels=2, stem_stride=2, widen=(1, 2),
                          bn_momentum=0.8), ResNetCIFAR, TorchResNetCIFAR, "image"),
+    "convnet_flatten": (dict(channels=(4, 6), strides=(2, 1), num_classes=5, in_channels=3, image_size=8),
+                        ConvNet, TorchConvNet, "image"),
+    "convnet_avg": (dict(channels=(4,), strides=(1,), kernel_size=5, num_classes=3, in_channels=3, image_size=8,
+                         head="avg", bn_momentum=0.8), ConvNet, TorchConvNet, "image"),
     "gpt_tied": (dict(vocab_size=17, seq_len=8, d_model=16, n_layers=2, n_heads=2, mlp_ratio=2),
                  GPT, TorchGPT, "tokens"),
     "gpt_untied": (dict(vocab_size=17, seq_len=8, d_model=16, n_layers=1, n_heads=4, tie_embeddings=False),
@@ -62,7 +67,7 @@ def _init_nnx(model: nnx.Module, seed: int, case: str) -> None:
         else:  # bias, mean
             value = 0.1 * noise if leaf == "bias" else np.zeros(shape)
         var.set_value(jax.device_put(value.astype(dtype)))
-    if isinstance(model, ResNetCIFAR):
+    if isinstance(model, (ResNetCIFAR, ConvNet)):
         for s in range(3):
             model(_inputs(case, seed=100 + s)[0], train=True)
 
@@ -72,7 +77,7 @@ def _perturb_torch(model: torch.nn.Module, seed: int, case: str) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g))
-    if isinstance(model, TorchResNetCIFAR):
+    if isinstance(model, (TorchResNetCIFAR, TorchConvNet)):
         model.train()
         with torch.no_grad():
             for s in range(3):
