@@ -157,8 +157,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "globs on dotted paths ('params.head.*') kept freshly initialised on load"),
     Option("autoresume", bool, False, "continue from the newest good checkpoint in save_folder (needs run_name)"),
     Option("nonfinite", Literal["raise", "skip"], "raise",
-           "'raise' stops at the first NaN/inf loss or gradient; 'skip' skips such steps (never applied; the clock "
-           "still advances). Ours: Composer has no such policy"),
+           "'raise' stops at the first NaN/inf loss or gradient (noticed within 8 steps, and before any save or "
+           "eval); 'skip' skips such steps (never applied; the clock still advances). Ours: Composer has no such "
+           "policy"),
     Option("nonfinite_max_skips", Annotated[int, pydantic.Field(ge=0)], 10,
            "with nonfinite='skip', raise after this many skipped steps in a row"),
 )

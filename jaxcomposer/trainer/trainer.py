@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import functools
@@ -32,6 +33,7 @@ from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
 from jaxcomposer.metrics.base import check_metrics, compute_all, sum_states
+from jaxcomposer.loggers.logger import is_ready
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
@@ -39,6 +41,9 @@ from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 
 _LR_TABLE_STEPS = 4096  # steps per host-side table of the LR multiplier (Trainer._lr_multiplier_on_host)
+# Steps the host may queue past its oldest unread non-finite flag. Reading each step's flag one step late woke the
+# host on every step: the quickstart's Trainer ran ~2% faster without that (2 CPU cores, interleaved A/B, 14 rounds).
+_MAX_UNCHECKED_STEPS = 8
 
 
 def as_batch(batch: Any) -> dict:
@@ -122,7 +127,8 @@ class Trainer(ReadsPlan):
             warnings.warn(why, RuntimeWarning, stacklevel=2)
 
         self.nonfinite, self.nonfinite_max_skips = a.nonfinite, a.nonfinite_max_skips
-        self._pending_check, self._skips_in_a_row = None, 0
+        self._pending_checks: collections.deque = collections.deque()  # (batch, metrics) not yet checked
+        self._skips_in_a_row = 0
         self.save_interval = a.save_interval if callable(a.save_interval) else \
             options.parse_interval(a.save_interval, "save_interval")
         self.store, resume_step = self._checkpoint_store(a.save_folder, a.save_num_checkpoints_to_keep,
@@ -289,10 +295,10 @@ class Trainer(ReadsPlan):
                     samples=n, tokens=self.task.num_tokens(batch),
                     duration=self._since_mark())
                 st.batch_metrics = metrics
-                # checked one step late, so the host never waits on the step it just dispatched; the state is safe
-                # meanwhile because the step itself refuses non-finite updates
-                self._check_finite()
-                self._pending_check = (st.timestamp.batch, metrics)
+                # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
+                # non-finite updates), so the host keeps steps queued instead of waking on every one
+                self._pending_checks.append((st.timestamp.batch, metrics))
+                self._check_finite(wait=False)
                 self.logger.set_step(st.timestamp.batch)
                 self.logger.log_metrics({"loss/train/total": metrics["loss"]})
                 self._fire(Event.BATCH_END)
@@ -454,24 +460,37 @@ class Trainer(ReadsPlan):
         # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
         return store, (store.newest_good_step() if autoresume and latest is not None else None)
 
-    def _check_finite(self) -> None:
-        if self._pending_check is None:
-            return
-        batch, metrics = self._pending_check
-        self._pending_check = None
-        if bool(metrics["finite"]):
-            self._skips_in_a_row = 0
-            return
-        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-        what = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {grad_norm}"
-        self._skips_in_a_row += 1
-        self.logger.log_metrics({"nonfinite/skipped_in_a_row": self._skips_in_a_row}, batch)
-        if self.nonfinite == "raise" or self._skips_in_a_row > self.nonfinite_max_skips:
-            why = "" if self.nonfinite == "raise" else f" ({self._skips_in_a_row} such steps in a row, more than " \
-                                                      f"nonfinite_max_skips={self.nonfinite_max_skips})"
-            raise NonFiniteLossError(f"batch {batch}: the {what}{why}. The update was not applied and no state "
-                                     "after it was saved. Lower the learning rate, clip gradients "
-                                     "(GradientClipping), or pass nonfinite='skip' to step over rare bad batches.")
+    def _check_finite(self, wait: bool = True) -> None:
+        """Acts on the queued steps' non-finite flags, oldest first. ``wait=False`` (after each dispatch) takes the
+        flags already computed, and waits only for those more than ``_MAX_UNCHECKED_STEPS`` steps old; every sync
+        point (save, eval, preemption, the end of fit) waits for all of them."""
+        # Several processes must raise after the same step (their collectives wait for one another), so there each
+        # flag is read exactly one step late, whenever it was computed
+        solo = jax.process_count() == 1
+        limit = _MAX_UNCHECKED_STEPS if solo else 1
+        pending = self._pending_checks
+        while pending:
+            batch, metrics = pending[0]
+            if not wait and len(pending) <= limit and not (solo and is_ready(metrics["finite"])):
+                return
+            pending.popleft()
+            # np.asarray reads a jax.Array through its C++ buffer protocol (~1 us of host CPU); bool() walks
+            # JAX's Python conversion path (~30 us), CPU that XLA's threads could use
+            if bool(np.asarray(metrics["finite"])):
+                self._skips_in_a_row = 0
+                continue
+            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+            what = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {grad_norm}"
+            self._skips_in_a_row += 1
+            self.logger.log_metrics({"nonfinite/skipped_in_a_row": self._skips_in_a_row}, batch)
+            if self.nonfinite == "raise" or self._skips_in_a_row > self.nonfinite_max_skips:
+                why = "" if self.nonfinite == "raise" else f" ({self._skips_in_a_row} such steps in a row, more " \
+                                                          f"than nonfinite_max_skips={self.nonfinite_max_skips})"
+                pending.clear()
+                raise NonFiniteLossError(f"batch {batch}: the {what}{why}. The update was not applied and no state "
+                                         "after it was saved. Lower the learning rate, clip gradients "
+                                         "(GradientClipping), or pass nonfinite='skip' to step over rare bad "
+                                         "batches.")
 
     def _save(self) -> None:
         if self.store is None:
@@ -532,6 +551,7 @@ class Trainer(ReadsPlan):
             loader.set_epoch(ts.epoch)
 
     def _run_eval(self) -> None:
+        self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
         if self.eval_dataloader is not None:
             self._evaluate(None, -1, "eval")
 
