@@ -300,6 +300,7 @@ def trainer_side(env: Env, task, optimizer, make_batch: Callable):
                        progress_bar=False, log_to_console=False, seed=0, devices=[env.jax_device],
                        precision="amp_bf16" if env.bf16 else "fp32")
     pool.extend(device_batches(make_batch, 2, NamedSharding(side.trainer.mesh, P("data"))))
+    side.pool = pool
     side.memory = lambda: jax_memory(env.jax_device)
 
     def forward_dtypes():

@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxcomposer.models._keys import split_dropout_keys
 # the same torchvision-style conv (kaiming fan-out) and BatchNorm, and the residual blocks' keys
+from jaxcomposer.models.pooling import max_pool
 from jaxcomposer.models.resnet import BasicBlock, _bn, _conv, block_key, conv_function
 
 EXPANSION = 4  # a bottleneck's output has 4x the channels of its 3x3 conv
@@ -40,7 +41,8 @@ class MaxPool2d(nnx.Module):
     """torch's ``nn.MaxPool2d(kernel, stride, padding)`` on NHWC, as a module so that surgery can find it (BlurPool
     swaps it for a blurred max-pool, as Composer does to torchvision's ``maxpool``). No parameters or state.
 
-    ``reduce_window`` pads with -inf, so padding never wins the max, as in torch.
+    Padding never wins the max, as in torch; the gradient goes to each window's first maximum, as torch's does,
+    through :func:`jaxcomposer.models.pooling.max_pool` (no scatter).
     """
 
     def __init__(self, kernel_size: int = 3, stride: int = 2, padding: int = 1):
@@ -48,7 +50,7 @@ class MaxPool2d(nnx.Module):
 
     def __call__(self, x: jax.Array, stride: int | None = None) -> jax.Array:
         s, p, k = self.stride if stride is None else stride, self.padding, self.kernel_size
-        return nnx.max_pool(x, window_shape=(k, k), strides=(s, s), padding=((p, p), (p, p)))
+        return max_pool(x, (1, k, k, 1), (1, s, s, 1), ((0, 0), (p, p), (p, p), (0, 0)))
 
 
 class Bottleneck(nnx.Module):

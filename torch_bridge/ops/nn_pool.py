@@ -12,6 +12,8 @@ from jax import lax
 
 import torch
 
+from jaxcomposer.models.pooling import max_pool
+
 from .registry import lower
 
 A = torch.ops.aten
@@ -51,8 +53,7 @@ def _lowest(dtype):
 
 def _max_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     win, strides, pads, dil = _window(x, nd, kernel, stride, padding, dilation, ceil_mode)
-    return lax.reduce_window(x, _lowest(x.dtype), lax.max, win, strides, pads,
-                             window_dilation=dil)
+    return max_pool(x, win, strides, pads, dil)  # reduce_window's max, with a gradient that is no scatter
 
 
 def _argmax_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
