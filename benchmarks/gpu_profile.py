@@ -100,12 +100,11 @@ def summarize_trace(path: Path, wall_ns: float, steps: int, top: int) -> dict:
     lines = {}
     for line in plane.lines:
         totals: dict = collections.defaultdict(lambda: [0, 0.0])
-        span = [float("inf"), 0.0]
-        for e in line.events:
-            t = totals[e.name]
+        events = sorted(((e.start_ns, e.duration_ns, e.name) for e in line.events))
+        for _, duration, name in events:
+            t = totals[name]
             t[0] += 1
-            t[1] += e.duration_ns
-            span = [min(span[0], e.start_ns), max(span[1], e.start_ns + e.duration_ns)]
+            t[1] += duration
         busy = sum(t[1] for t in totals.values())
         ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])
         lines[line.name] = {
@@ -113,7 +112,8 @@ def summarize_trace(path: Path, wall_ns: float, steps: int, top: int) -> dict:
             "busy_share_of_wall": round(busy / wall_ns, 4) if wall_ns else None,
             "top": [{"name": name[:200], "count_per_step": round(n / steps, 2),
                      "ms_per_step": round(ns / steps / 1e6, 4), "share_of_busy": round(ns / busy, 4) if busy else None}
-                    for name, (n, ns) in ranked[:top]]}
+                    for name, (n, ns) in ranked[:top]],
+            "gaps": idle_gaps(events, steps)}
     return {"plane": plane.name, "wall_ms_per_step": round(wall_ns / steps / 1e6, 3), "lines": lines}
 
 
@@ -126,6 +126,25 @@ def trace_steps_of(side, steps: int, top: int) -> dict:
         wall = time.perf_counter_ns() - t0
         jax.profiler.stop_trace()
         return summarize_trace(next(Path(tmp).rglob("*.xplane.pb")), wall, steps, top)
+
+
+def idle_gaps(events: list[tuple], steps: int) -> dict:
+    """The device's idle time between consecutive kernels of one stream, per step, by gap length: short gaps are
+    launch latency, long ones a device waiting on the host."""
+    buckets = {"under_5us": [0, 0.0], "5_to_50us": [0, 0.0], "over_50us": [0, 0.0]}
+    largest = []
+    for (s0, d0, n0), (s1, _, n1) in zip(events, events[1:]):
+        gap = s1 - (s0 + d0)
+        if gap <= 0:
+            continue
+        key = "under_5us" if gap < 5e3 else "5_to_50us" if gap < 5e4 else "over_50us"
+        buckets[key][0] += 1
+        buckets[key][1] += gap
+        largest.append((gap, n0[:60], n1[:60]))
+    largest.sort(reverse=True)
+    return {**{k: {"count_per_step": round(n / steps, 1), "ms_per_step": round(ns / steps / 1e6, 3)}
+               for k, (n, ns) in buckets.items()},
+            "largest_us": [{"us": round(g / 1e3, 1), "after": a, "before": b} for g, a, b in largest[:8]]}
 
 
 def profile_section(env, section: str, out_dir: Path, trace_steps: int, top: int) -> dict:
@@ -185,8 +204,9 @@ def print_table(out: dict) -> None:
         print(f"\n{section}: {prof['timing']['median_items_per_s']:,.0f} {prof['unit']}, "
               f"{tr['wall_ms_per_step']} ms/step traced ({tr['plane']})")
         for line, info in tr["lines"].items():
+            gaps = " ".join(f"{k} {v['ms_per_step']} ms" for k, v in info["gaps"].items() if k != "largest_us")
             print(f"  line {line[:40]:40s} busy {info['busy_ms_per_step']:8.3f} ms/step "
-                  f"({info['busy_share_of_wall'] or 0:.1%} of wall), {info['events']} events")
+                  f"({info['busy_share_of_wall'] or 0:.1%} of wall), {info['events']} events; idle gaps: {gaps}")
         ops = tr["lines"].get("XLA Ops") or max(tr["lines"].values(), key=lambda i: i["busy_ms_per_step"])
         for entry in ops["top"][:15]:
             print(f"    {entry['ms_per_step']:8.3f} ms {entry['share_of_busy']:6.1%}  x{entry['count_per_step']:<6g} "
