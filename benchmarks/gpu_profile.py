@@ -5,8 +5,9 @@ Two parts, each section's Trainer side built exactly as ``gpu_suite.py`` builds 
 
 - ``--profile``: in this process, per section: warm up, time ``--rounds`` rounds of ``--steps`` steps, then trace
   ``--trace-steps`` steps with ``jax.profiler`` and read the trace back (``jax.profiler.ProfileData``): device time
-  per XLA op and per kernel, their shares of the traced wall time, and the device's idle share. The optimized HLO
-  of the compiled step goes beside the JSON (``<section>.hlo.txt.gz``) to look the fusions up in.
+  per kernel (a fusion's kernel is named after the fusion), their shares of the busy time, and the idle gaps
+  between kernels by length. The optimized HLO of the compiled step goes beside the JSON
+  (``gpu_profile_<section>.hlo.txt.gz``, not committed) to look the fusions up in.
 - ``--variants``: each entry of :data:`VARIANTS` in its own child process (XLA reads ``XLA_FLAGS`` once, at
   start): the same side timed the same way, so each variant's rate compares with its section's ``base``.
 
@@ -14,7 +15,8 @@ On the lent GPU machine, with ``.whl`` carried (see ``gpu_device_run.sh``)::
 
     python3 benchmarks/gpu_profile.py --profile --variants --out-dir $OUT
 
-Check it on a CPU (tiny shapes, fp32; its numbers mean nothing): ``--cpu-smoke``.
+Check it on a CPU (tiny shapes, fp32, the host's XLA threads in place of a device; its numbers mean nothing):
+``--cpu-smoke`` (``tests/test_gpu_suite.py`` runs it).
 """
 from __future__ import annotations
 
@@ -152,7 +154,7 @@ def profile_section(env, section: str, out_dir: Path, trace_steps: int, top: int
     plan, rec, side = trainer_side(env, section)
     time_side(env, plan, rec, side)
     log(f"profile {section}: {rec['median_items_per_s']:,.1f} {plan['unit']}, tracing {trace_steps} steps")
-    with gzip.open(out_dir / f"{section}.hlo.txt.gz", "wt") as f:
+    with gzip.open(out_dir / f"gpu_profile_{section}.hlo.txt.gz", "wt") as f:  # git-ignored: ~0.3 MB each
         f.write(side.trainer.compiled_train_step(side.pool[0]).as_text())
     try:
         summary = trace_steps_of(side, trace_steps, top)
@@ -234,7 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=60)
     ap.add_argument("--variant-timeout-s", type=float, default=120.0)
     ap.add_argument("--cpu-smoke", action="store_true")
-    ap.add_argument("--out-dir", default=str(suite.HERE / "results" / "gpu_profile"))
+    ap.add_argument("--out-dir", default=str(suite.HERE / "results"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -57,3 +57,28 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     for section, side in (("resnet50", "jaxcomposer"), ("gpt2", "jaxcomposer"), ("bridged_resnet50", "bridged_nchw")):
         assert result["sections"][section]["sides"][side]["compiled_step_bytes"]["argument"] > 0
     assert result["cross_section_ratios"]["bridged_over_native_trainer"] > 0
+
+
+@pytest.mark.slow  # ~10 s: a trace, and a child process that compiles again
+def test_gpu_profile_cpu_smoke_traces_and_times_a_variant(tmp_path, monkeypatch):
+    """benchmarks/gpu_profile.py: the GPT side's trace is read back (kernel lines with busy time, a top list and
+    idle gaps), its HLO is written, and a variant child process times the same side."""
+    load_suite()  # gpu_profile imports it by name
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("gpu_profile", SCRIPT.parent / "gpu_profile.py")
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    assert profile.main(["--profile", "--variants", "--cpu-smoke", "--sections", "gpt2", "--only", "gpt2/base",
+                         "--steps", "1", "--rounds", "1", "--warmup", "1", "--trace-steps", "2",
+                         "--out-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu_profile.smoke.json").read_text())
+    prof = result["profiles"]["gpt2"]
+    assert prof["timing"]["median_items_per_s"] > 0 and "error" not in prof["trace"]
+    lines = prof["trace"]["lines"]
+    busiest = max(lines.values(), key=lambda line: line["busy_ms_per_step"])
+    assert busiest["busy_ms_per_step"] > 0 and busiest["top"] and busiest["top"][0]["ms_per_step"] > 0
+    assert {"under_5us", "5_to_50us", "over_50us", "largest_us"} <= set(busiest["gaps"])
+    assert (tmp_path / "gpu_profile_gpt2.hlo.txt.gz").stat().st_size > 0
+    variant = result["variants"]["gpt2/base"]
+    assert variant["status"] == "ok", variant.get("stderr_tail")
+    assert variant["median_items_per_s"] > 0 and variant["section"] == "gpt2"

@@ -56,20 +56,28 @@ def _max_pool(x, dims):
 
 
 def _max_pool_forward(x, dims):
-    y = _max_pool(x, dims)
-    return y, (x, y)
+    slices = _window_slices(x, dims)
+    y = functools.reduce(lax.max, slices)
+    # which window offset holds each output's first maximum (NaN matching a NaN max): one small integer per output
+    # is the whole residual, so the backward reads neither the input nor the output again
+    first = jnp.full(y.shape, len(slices), _offset_dtype(len(slices)))
+    for k in reversed(range(len(slices))):
+        s = slices[k]
+        first = jnp.where((s == y) | (jnp.isnan(s) & jnp.isnan(y)), jnp.asarray(k, first.dtype), first)
+    return y, (first, jax.ShapeDtypeStruct(x.shape, x.dtype))
 
 
 def _max_pool_backward(dims, residuals, dy):
-    x, y = residuals
-    slices, route = jax.vjp(lambda v: _window_slices(v, dims), x)  # route: per-slice gradients -> x's gradient
-    taken = jnp.zeros(y.shape, bool)
-    parts = []
-    for s in slices:  # the first slice holding the max (NaN counts as equal to a NaN max) takes the gradient
-        hit = ~taken & ((s == y) | (jnp.isnan(s) & jnp.isnan(y)))
-        taken = taken | hit
-        parts.append(jnp.where(hit, dy, jnp.zeros_like(dy)))
-    return route(parts)
+    first, x_type = residuals
+    # the slicing's transpose (pads with interior zeros, summed) routes each offset's gradients back to the input;
+    # it does not depend on the input's values, so zeros stand in for them and the compiler drops them
+    _, route = jax.vjp(lambda v: _window_slices(v, dims), jnp.zeros(x_type.shape, x_type.dtype))
+    zero = jnp.zeros_like(dy)
+    return route([jnp.where(first == k, dy, zero) for k in range(int(np.prod(dims[0])))])
+
+
+def _offset_dtype(count: int):
+    return jnp.int8 if count < 127 else jnp.int32
 
 
 _max_pool.defvjp(_max_pool_forward, _max_pool_backward)
