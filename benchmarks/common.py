@@ -85,6 +85,17 @@ def torch_model_kwargs(model_kwargs: dict) -> dict:
     return {k: v for k, v in model_kwargs.items() if k != "conv_impl"}
 
 
+def torch_mirror(model_name: str, model_kwargs: dict):
+    """A config's model (``model.name`` and its kwargs, ``num_classes`` and ``in_channels`` included) as its torch
+    mirror from ``interop.torch_mirrors``: the same layers and init distributions."""
+    from interop.torch_mirrors import TorchConvNet, TorchResNetCIFAR
+
+    mirrors = {"resnet_cifar": TorchResNetCIFAR, "convnet": TorchConvNet}
+    if model_name not in mirrors:
+        raise SystemExit(f"model.name {model_name!r}: this benchmark has torch mirrors for {sorted(mirrors)} only")
+    return mirrors[model_name](**torch_model_kwargs(model_kwargs))
+
+
 def fashion_mnist_batches(batch_size: int, count: int, seed: int) -> tuple[list[dict], str]:
     """``count`` host batches ``{'input': float32 (B,28,28,1) normalized, 'target': int32 (B,)}`` (NHWC), from
     Fashion-MNIST when installed, else random data of its shape; also says which."""

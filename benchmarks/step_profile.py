@@ -1,5 +1,6 @@
-"""Where one training step's time goes: XLA's per-kernel CPU profile of the ResNet-8 workload step, native (NHWC)
-and bridged (``torch_bridge.from_torch``, NCHW), beside torch's profiler on the same step in eager PyTorch.
+"""Where one training step's time goes: XLA's per-kernel CPU profile of a config's workload step (default the
+ResNet-8 one; ``--config`` takes any ``convnet`` or ``resnet_cifar`` config), native (NHWC) and bridged
+(``torch_bridge.from_torch`` of its torch mirror, NCHW), beside torch's profiler on the same step in eager PyTorch.
 
 The step is the plain one the speed goals are about: forward in train mode (BatchNorm batch statistics), softmax
 cross-entropy, backward, SGD with Nesterov momentum; batch ``--batch-size`` of random 28x28x1 images, the
@@ -34,7 +35,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import ROOT, load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json
+from common import ROOT, load_benchmark_config, machine_facts, results_path, torch_mirror, write_json
 
 NAME = "step_profile"
 # Host-side bookkeeping events in a JAX trace, not kernels
@@ -85,13 +86,13 @@ def jax_step(loss_fn, params, state, tx):
     return step, tx.init(params)
 
 
-def native_side(model_kwargs: dict, lr: float, momentum: float):
+def native_side(model_name: str, model_kwargs: dict, lr: float, momentum: float):
     import jax
     import optax
     from flax import nnx
-    from jaxcomposer.models import ResNetCIFAR
+    from jaxcomposer.models import BUILDERS
 
-    graphdef, params, state = nnx.split(ResNetCIFAR(**model_kwargs, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    graphdef, params, state = nnx.split(BUILDERS[model_name](**model_kwargs, rngs=nnx.Rngs(0)), nnx.Param, ...)
 
     def loss_fn(params, state, x, y):
         live = nnx.merge(graphdef, params, state, copy=True)
@@ -102,14 +103,13 @@ def native_side(model_kwargs: dict, lr: float, momentum: float):
     return step, [params, state, opt], "NHWC"
 
 
-def bridged_side(model_kwargs: dict, lr: float, momentum: float, batch_size: int):
+def bridged_side(model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int):
     import optax
     import torch
     import torch_bridge
-    from interop.torch_mirrors import TorchResNetCIFAR
 
     torch.manual_seed(0)
-    bridged = torch_bridge.from_torch(TorchResNetCIFAR(**torch_model_kwargs(model_kwargs)), (torch.randn(batch_size, 1, 28, 28),),
+    bridged = torch_bridge.from_torch(torch_mirror(model_name, model_kwargs), (torch.randn(batch_size, 1, 28, 28),),
                                       modes=(True,))
 
     def loss_fn(params, buffers, x, y):
@@ -149,15 +149,13 @@ def run_jax(step, carry: list, x, y, steps: int, rounds: int, top: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- torch
-def run_torch(model_kwargs: dict, lr: float, momentum: float, batch_size: int, steps: int, rounds: int, top: int,
+def run_torch(model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int, steps: int, rounds: int, top: int,
               threads: int) -> dict:
     import torch
     import torch.nn.functional as F
-    from interop.torch_mirrors import TorchResNetCIFAR
-
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = TorchResNetCIFAR(**torch_model_kwargs(model_kwargs)).to(memory_format=torch.channels_last)
+    model = torch_mirror(model_name, model_kwargs).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, nesterov=True)
     x = torch.rand(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch_size,))
@@ -183,14 +181,14 @@ def run_torch(model_kwargs: dict, lr: float, momentum: float, batch_size: int, s
             "threads": threads, **summarize(per_op, torch_group, top)}
 
 
-def torch_in_child(args, model_kwargs: dict, lr: float, momentum: float, batch_size: int) -> dict:
+def torch_in_child(args, model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int) -> dict:
     """The torch side in a child process: in a process where JAX has run the oneDNN convolutions, torch's OpenMP
     team shares the machine with the kernels' own team, and on 2 cores libgomp then sleeps at every barrier (eager
     steps ~1.7x slower, torch_bridge/kernels/onednn_conv.cc): measured in-process, torch would look slower than it is."""
     import subprocess
     cmd = [sys.executable, __file__, "--torch-worker", "--config", str(args.config), "--steps", str(args.steps),
            "--rounds", str(args.rounds), "--top", str(args.top), "--torch-threads", str(args.torch_threads)]
-    payload = json.dumps({"model_kwargs": model_kwargs, "lr": lr, "momentum": momentum, "batch_size": batch_size})
+    payload = json.dumps({"model_name": model_name, "model_kwargs": model_kwargs, "lr": lr, "momentum": momentum, "batch_size": batch_size})
     out = subprocess.run(cmd, input=payload, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"the torch side failed:\n{out.stderr[-3000:]}")
@@ -216,7 +214,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(ROOT))
     if args.torch_worker:  # the torch side, in a process of its own (see torch_in_child)
         kw = json.loads(sys.stdin.read())
-        print(json.dumps(run_torch(kw["model_kwargs"], kw["lr"], kw["momentum"], kw["batch_size"], args.steps,
+        print(json.dumps(run_torch(kw["model_name"], kw["model_kwargs"], kw["lr"], kw["momentum"], kw["batch_size"], args.steps,
                                    args.rounds, args.top, args.torch_threads)))
         return 0
     import jax.numpy as jnp
@@ -230,15 +228,16 @@ def main(argv=None) -> int:
     x_nhwc = jnp.asarray(rng.random((batch_size, 28, 28, 1), dtype=np.float32))
     y = jnp.asarray(rng.integers(0, 10, batch_size).astype(np.int32))
     sides = {}
-    for name, build in (("native", lambda: native_side(model_kwargs, lr, momentum)),
-                        ("bridged", lambda: bridged_side(model_kwargs, lr, momentum, batch_size))):
+    model_name = q["model_name"]
+    for name, build in (("native", lambda: native_side(model_name, model_kwargs, lr, momentum)),
+                        ("bridged", lambda: bridged_side(model_name, model_kwargs, lr, momentum, batch_size))):
         step, carry, layout = build()
         x = x_nhwc if layout == "NHWC" else x_nhwc.transpose(0, 3, 1, 2)
         sides[name] = {"layout": layout, **run_jax(step, carry, x, y, args.steps, args.rounds, args.top)}
-    sides["torch"] = torch_in_child(args, model_kwargs, lr, momentum, batch_size)
+    sides["torch"] = torch_in_child(args, model_name, model_kwargs, lr, momentum, batch_size)
     out = results_path(NAME, args.smoke, args.out)
     write_json(out, {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
-                     "setup": {"config": Path(args.config).name, "model": model_kwargs, "batch_size": batch_size,
+                     "setup": {"config": Path(args.config).name, "model": {"name": model_name, **model_kwargs}, "batch_size": batch_size,
                                "optimizer": f"SGD lr {lr} momentum {momentum} nesterov", "steps": args.steps,
                                "rounds": args.rounds, "torch": "eager, channels-last"},
                      "sides": sides,

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, machine_facts as shared_machine_facts, results_path, torch_model_kwargs, write_json  # benchmarks/common.py
+from common import ROOT, machine_facts as shared_machine_facts, results_path, torch_mirror, write_json  # benchmarks/common.py
 
 NAME = "torch_vs_jaxcomposer"
 TARGET_ACC = 0.91
@@ -127,16 +127,6 @@ def normalization(info):
 
 # ---------------------------------------------------------------------------------------------------------------
 # torch
-def build_torch_model(name: str, model_kwargs: dict, in_channels: int, num_classes: int):
-    """The config's model as its torch mirror (``interop.torch_mirrors``: same layers, same init distributions)."""
-    from interop.torch_mirrors import TorchConvNet, TorchResNetCIFAR
-
-    mirrors = {"resnet_cifar": TorchResNetCIFAR, "convnet": TorchConvNet}
-    if name not in mirrors:
-        raise SystemExit(f"model.name {name!r}: this benchmark has torch mirrors for {sorted(mirrors)} only")
-    return mirrors[name](**{"num_classes": num_classes, "in_channels": in_channels, **model_kwargs})
-
-
 def run_torch(s: dict):
     """Yields each epoch's record (own wall time, accuracy); returns the side's summary."""
     import torch
@@ -147,8 +137,8 @@ def run_torch(s: dict):
     cfg, info = s["cfg"], s["info"]
     torch.manual_seed(cfg.seed)
     kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-    model = build_torch_model(cfg.model["name"], torch_model_kwargs(kwargs), info.input_shape[-1],
-                              info.num_classes)
+    model = torch_mirror(cfg.model["name"], {"num_classes": info.num_classes, "in_channels": info.input_shape[-1],
+                                             **kwargs})
     n_params = sum(p.numel() for p in model.parameters())
     channels_last = s["torch_memory_format"] == "channels_last"
     if channels_last:
