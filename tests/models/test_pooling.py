@@ -55,3 +55,14 @@ def test_compiled_gradient_has_no_scatter():
 def test_spec_length_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="one entry per dim of the 4-d input"):
         max_pool(jnp.zeros((1, 4, 4, 1)), (3, 3), (2, 2), ((1, 1), (1, 1)))
+
+
+def test_second_order_reverse_mode_matches_reduce_window():
+    x = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+    spec = ((1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+    def grad_norm(pool):
+        return jax.grad(lambda v: (jax.grad(lambda u: (pool(u) ** 2).sum())(v) ** 2).sum())(x)
+    ours = grad_norm(lambda u: max_pool(u, *spec))
+    assert float(jnp.abs(ours).sum()) > 0
+    np.testing.assert_array_equal(ours, grad_norm(lambda u: jax.lax.reduce_window(u, -jnp.inf, jax.lax.max, *spec)))
