@@ -33,14 +33,16 @@ def max_pool(x: jax.Array, window: Sequence[int], strides: Sequence[int],
     return _max_pool(x, dims)
 
 
-def _lowest(dtype) -> np.ndarray:
+def lowest(dtype) -> np.ndarray:
+    """The dtype's lowest value (-inf for floats) as a concrete numpy scalar: the max's identity, and the init
+    value JAX recognizes (and differentiates) for max windows."""
     return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
 
 
 def _window_slices(x: jax.Array, dims) -> list[jax.Array]:
     """The padded input's strided slice for each window offset, in row-major window order."""
     window, strides, padding, dilation = dims
-    xp = lax.pad(x, _lowest(x.dtype), [(lo, hi, 0) for lo, hi in padding])
+    xp = lax.pad(x, lowest(x.dtype), [(lo, hi, 0) for lo, hi in padding])
     out = [(n - (w - 1) * d - 1) // s + 1 for n, w, d, s in zip(xp.shape, window, dilation, strides)]
     slices = []
     for offset in itertools.product(*(range(w) for w in window)):

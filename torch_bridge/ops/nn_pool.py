@@ -12,7 +12,7 @@ from jax import lax
 
 import torch
 
-from jaxcomposer.models.pooling import max_pool
+from jaxcomposer.models.pooling import lowest as _lowest, max_pool
 
 from .registry import lower
 
@@ -44,11 +44,6 @@ def _window(x, nd, kernel, stride, padding, dilation, ceil_mode):
         pads.append((pi, max(0, (out - 1) * si + di * (ki - 1) + 1 - size - pi)))
     lead = x.ndim - nd
     return (1,) * lead + k, (1,) * lead + s, [(0, 0)] * lead + pads, (1,) * lead + d
-
-
-def _lowest(dtype):
-    """A concrete numpy init value: jax only recognizes (and differentiates) max/add windows with a known init."""
-    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
 
 
 def _max_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
