@@ -12,6 +12,8 @@
 #    passed it).
 # 3. Runs the full suite on the GPU. Results and logs go to $OUT (the device tool's folder that comes back; when
 #    it is unset, /tmp/gpu_suite_out): gpu_suite.json, suite.log, smoke.json, smoke.log, versions.txt.
+# 4. Then, unless GPU_PROFILE=0, traces the suite's two Trainer steps (benchmarks/gpu_profile.py --profile, ~80 s,
+#    at most GPU_PROFILE_S seconds, 150 by default): gpu_profile.json, profile.log and the steps' optimized HLO.
 set -u
 out=${OUT:-/tmp/gpu_suite_out}
 mkdir -p "$out"
@@ -42,3 +44,7 @@ elif ! smoke; then
 fi
 [ -f "$out/smoke.log" ] && echo "== CPU check: $(tail -n 1 "$out/smoke.log")"
 $py benchmarks/gpu_suite.py --out "$out/gpu_suite.json" "$@" 2> >(tee "$out/suite.log" >&2)
+if [ "${GPU_PROFILE:-1}" != 0 ]; then
+  echo "== per-kernel profile of the Trainer steps (gpu_profile.py)"
+  timeout "${GPU_PROFILE_S:-150}" $py benchmarks/gpu_profile.py --profile --out-dir "$out" 2> "$out/profile.log" | tail -n 40
+fi

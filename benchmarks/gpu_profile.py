@@ -6,8 +6,8 @@ Two parts, each section's Trainer side built exactly as ``gpu_suite.py`` builds 
 - ``--profile``: in this process, per section: warm up, time ``--rounds`` rounds of ``--steps`` steps, then trace
   ``--trace-steps`` steps with ``jax.profiler`` and read the trace back (``jax.profiler.ProfileData``): device time
   per kernel (a fusion's kernel is named after the fusion), their shares of the busy time, and the idle gaps
-  between kernels by length. The optimized HLO of the compiled step goes beside the JSON
-  (``gpu_profile_<section>.hlo.txt.gz``, not committed) to look the fusions up in.
+  between kernels by length. The optimized HLO of each compiled step goes beside the JSON
+  (``gpu_profile_hlo.txt.gz``, one file, not committed) to look the fusions up in.
 - ``--variants``: each entry of :data:`VARIANTS` in its own child process (XLA reads ``XLA_FLAGS`` once, at
   start): the same side timed the same way, so each variant's rate compares with its section's ``base``.
 
@@ -149,18 +149,18 @@ def idle_gaps(events: list[tuple], steps: int) -> dict:
             "largest_us": [{"us": round(g / 1e3, 1), "after": a, "before": b} for g, a, b in largest[:8]]}
 
 
-def profile_section(env, section: str, out_dir: Path, trace_steps: int, top: int) -> dict:
+def profile_section(env, section: str, trace_steps: int, top: int) -> tuple[dict, str]:
+    """(the section's record, the optimized HLO of its compiled step)."""
     log(f"profile {section}: build and compile")
     plan, rec, side = trainer_side(env, section)
     time_side(env, plan, rec, side)
     log(f"profile {section}: {rec['median_items_per_s']:,.1f} {plan['unit']}, tracing {trace_steps} steps")
-    with gzip.open(out_dir / f"gpu_profile_{section}.hlo.txt.gz", "wt") as f:  # git-ignored: ~0.3 MB each
-        f.write(side.trainer.compiled_train_step(side.pool[0]).as_text())
+    hlo = side.trainer.compiled_train_step(side.pool[0]).as_text()
     try:
         summary = trace_steps_of(side, trace_steps, top)
     except Exception as e:  # noqa: BLE001 - no profiler on the machine: the timing still counts
         summary = {"error": suite.error_text(e)}
-    return {"timing": rec, "unit": plan["unit"], "trace_steps": trace_steps, "trace": summary}
+    return {"timing": rec, "unit": plan["unit"], "trace_steps": trace_steps, "trace": summary}, hlo
 
 
 def run_variant(args: argparse.Namespace, name: str) -> dict:
@@ -258,12 +258,16 @@ def main(argv=None) -> int:
         env = build_env(args)
         from common import machine_facts
         out["machine"] = machine_facts(jax_device_kind=getattr(env.jax_device, "device_kind", None))
+        hlo = {}
         for section in sections:
             try:
-                out["profiles"][section] = profile_section(env, section, out_dir, args.trace_steps, args.top)
+                out["profiles"][section], hlo[section] = profile_section(env, section, args.trace_steps, args.top)
             except Exception as e:  # noqa: BLE001 - one section's failure is recorded, the other still runs
                 out["profiles"][section] = {"error": suite.error_text(e)}
             write_json(path, out)
+        # one file for all sections (the device machine returns at most 8 files); git-ignored, ~0.3 MB a section
+        with gzip.open(out_dir / "gpu_profile_hlo.txt.gz", "wt") as f:
+            f.writelines(f"==== {section}: the compiled train step\n{text}\n" for section, text in hlo.items())
     if args.variants:  # in children: XLA reads its flags once per process
         for name in names:
             log(f"variant {name}")

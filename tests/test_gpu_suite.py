@@ -3,6 +3,7 @@
 It checks the script, not speed: every section writes every side with a positive throughput and a finite loss
 (torch.compile is skipped in a smoke run, with its reason), and the goal fields are there.
 """
+import gzip
 import importlib.util
 import json
 import math
@@ -78,7 +79,9 @@ def test_gpu_profile_cpu_smoke_traces_and_times_a_variant(tmp_path, monkeypatch)
     busiest = max(lines.values(), key=lambda line: line["busy_ms_per_step"])
     assert busiest["busy_ms_per_step"] > 0 and busiest["top"] and busiest["top"][0]["ms_per_step"] > 0
     assert {"under_5us", "5_to_50us", "over_50us", "largest_us"} <= set(busiest["gaps"])
-    assert (tmp_path / "gpu_profile_gpt2.hlo.txt.gz").stat().st_size > 0
+    with gzip.open(tmp_path / "gpu_profile_hlo.txt.gz", "rt") as f:
+        hlo = f.read()
+    assert hlo.startswith("==== gpt2: the compiled train step\nHloModule")
     variant = result["variants"]["gpt2/base"]
     assert variant["status"] == "ok", variant.get("stderr_tail")
     assert variant["median_items_per_s"] > 0 and variant["section"] == "gpt2"
