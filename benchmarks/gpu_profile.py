@@ -113,7 +113,8 @@ def summarize_trace(path: Path, wall_ns: float, steps: int, top: int) -> dict:
             "events": sum(t[0] for t in totals.values()), "busy_ms_per_step": round(busy / steps / 1e6, 3),
             "busy_share_of_wall": round(busy / wall_ns, 4) if wall_ns else None,
             "top": [{"name": name[:200], "count_per_step": round(n / steps, 2),
-                     "ms_per_step": round(ns / steps / 1e6, 4), "share_of_busy": round(ns / busy, 4) if busy else None}
+                     "ms_per_step": round(ns / steps / 1e6, 4),
+                     "share_of_busy": round(ns / busy, 4) if busy else None}
                     for name, (n, ns) in ranked[:top]],
             "gaps": idle_gaps(events, steps)}
     return {"plane": plane.name, "wall_ms_per_step": round(wall_ns / steps / 1e6, 3), "lines": lines}
@@ -201,7 +202,8 @@ def print_table(out: dict) -> None:
             continue
         tr = prof["trace"]
         if "error" in tr:
-            print(f"{section}: {prof['timing']['median_items_per_s']:,.0f} {prof['unit']}; trace failed: {tr['error'][:300]}")
+            rate = prof["timing"]["median_items_per_s"]
+            print(f"{section}: {rate:,.0f} {prof['unit']}; trace failed: {tr['error'][:300]}")
             continue
         print(f"\n{section}: {prof['timing']['median_items_per_s']:,.0f} {prof['unit']}, "
               f"{tr['wall_ms_per_step']} ms/step traced ({tr['plane']})")

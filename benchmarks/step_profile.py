@@ -149,10 +149,11 @@ def run_jax(step, carry: list, x, y, steps: int, rounds: int, top: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- torch
-def run_torch(model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int, steps: int, rounds: int, top: int,
-              threads: int) -> dict:
+def run_torch(model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int, steps: int,
+              rounds: int, top: int, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
+
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = torch_mirror(model_name, model_kwargs).to(memory_format=torch.channels_last)
@@ -188,7 +189,8 @@ def torch_in_child(args, model_name: str, model_kwargs: dict, lr: float, momentu
     import subprocess
     cmd = [sys.executable, __file__, "--torch-worker", "--config", str(args.config), "--steps", str(args.steps),
            "--rounds", str(args.rounds), "--top", str(args.top), "--torch-threads", str(args.torch_threads)]
-    payload = json.dumps({"model_name": model_name, "model_kwargs": model_kwargs, "lr": lr, "momentum": momentum, "batch_size": batch_size})
+    payload = json.dumps({"model_name": model_name, "model_kwargs": model_kwargs, "lr": lr, "momentum": momentum,
+                          "batch_size": batch_size})
     out = subprocess.run(cmd, input=payload, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"the torch side failed:\n{out.stderr[-3000:]}")
@@ -214,8 +216,8 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(ROOT))
     if args.torch_worker:  # the torch side, in a process of its own (see torch_in_child)
         kw = json.loads(sys.stdin.read())
-        print(json.dumps(run_torch(kw["model_name"], kw["model_kwargs"], kw["lr"], kw["momentum"], kw["batch_size"], args.steps,
-                                   args.rounds, args.top, args.torch_threads)))
+        print(json.dumps(run_torch(kw["model_name"], kw["model_kwargs"], kw["lr"], kw["momentum"], kw["batch_size"],
+                                   args.steps, args.rounds, args.top, args.torch_threads)))
         return 0
     import jax.numpy as jnp
     import numpy as np
@@ -237,7 +239,8 @@ def main(argv=None) -> int:
     sides["torch"] = torch_in_child(args, model_name, model_kwargs, lr, momentum, batch_size)
     out = results_path(NAME, args.smoke, args.out)
     write_json(out, {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
-                     "setup": {"config": Path(args.config).name, "model": {"name": model_name, **model_kwargs}, "batch_size": batch_size,
+                     "setup": {"config": Path(args.config).name, "model": {"name": model_name, **model_kwargs},
+                               "batch_size": batch_size,
                                "optimizer": f"SGD lr {lr} momentum {momentum} nesterov", "steps": args.steps,
                                "rounds": args.rounds, "torch": "eager, channels-last"},
                      "sides": sides,
