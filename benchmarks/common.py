@@ -80,6 +80,13 @@ def load_benchmark_config(path: Path | str) -> dict:
             "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0))}
 
 
+def threads_as_fit_sets(q: dict) -> str:
+    """XLA:CPU's thread pool as ``jaxcomposer fit`` sets it for this model (``jaxcomposer.core.cpu_threads``), before
+    the script's first JAX array; the decision in words, for the JSON."""
+    from jaxcomposer.core import cpu_threads
+    return cpu_threads.one_xla_thread_for_onednn(q["model"])
+
+
 def torch_model_kwargs(model_kwargs: dict) -> dict:
     """A jaxcomposer model's kwargs for its torch mirror: ``conv_impl`` picks JAX's convolution kernels, not the model."""
     return {k: v for k, v in model_kwargs.items() if k != "conv_impl"}

@@ -72,7 +72,7 @@ def train(cfg, metric: str, stop_after: int | None = None) -> dict:
             jax.block_until_ready(state.train_state)
             self.train_s = time.perf_counter() - self.start
 
-    runner.use_compilation_cache(cfg.compilation_cache_dir)
+    runner.prepare_process(cfg)  # as `jaxcomposer fit`: compilation cache, XLA:CPU threads
     clock = Clock()
     trainer, _ = runner.build_trainer(cfg, callbacks=[clock], loggers=[])
     state = trainer.fit()

@@ -35,7 +35,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import ROOT, load_benchmark_config, machine_facts, results_path, torch_mirror, write_json
+from common import (ROOT, load_benchmark_config, machine_facts, results_path, threads_as_fit_sets, torch_mirror,
+                    write_json)
 
 NAME = "step_profile"
 # Host-side bookkeeping events in a JAX trace, not kernels
@@ -223,6 +224,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     q = load_benchmark_config(args.config)
+    threads_note = threads_as_fit_sets(q)
     batch_size = args.batch_size or int(q["batch_size"])
     model_kwargs = {"num_classes": 10, "in_channels": 1, **q["model"]}
     lr, momentum = float(q["optimizer"]["lr"]), float(q["optimizer"].get("momentum", 0.9))
@@ -239,7 +241,8 @@ def main(argv=None) -> int:
     sides["torch"] = torch_in_child(args, model_name, model_kwargs, lr, momentum, batch_size)
     out = results_path(NAME, args.smoke, args.out)
     write_json(out, {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
-                     "setup": {"config": Path(args.config).name, "model": {"name": model_name, **model_kwargs},
+                     "setup": {"config": Path(args.config).name, "xla_cpu_threads": threads_note,
+                               "model": {"name": model_name, **model_kwargs},
                                "batch_size": batch_size,
                                "optimizer": f"SGD lr {lr} momentum {momentum} nesterov", "steps": args.steps,
                                "rounds": args.rounds, "torch": "eager, channels-last"},

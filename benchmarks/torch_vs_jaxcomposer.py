@@ -274,6 +274,7 @@ def run_jax(s: dict):
     out = summarize("jaxcomposer", rec.history, rec.images, rec.train_time, rec.first_step_s, s)
     out["trainer_build_s"] = round(build_s, 3)
     out["compilation_cache_dir"] = cache_dir
+    out["xla_cpu_threads"] = s["xla_cpu_threads"]
     out["num_params"] = int(sum(x.size for x in jax.tree_util.tree_leaves(trainer.state.train_state.params)))
     return out
 
@@ -400,12 +401,15 @@ def main(argv=None) -> int:
     if args.torch_worker:
         return torch_worker(args)
     args.out = results_path(NAME, args.smoke, args.out)
+    # this process as `jaxcomposer fit` prepares its own, before anything here starts JAX (XLA:CPU's threads)
+    from jaxcomposer import config as config_lib
+    threads_note = runner_module().prepare_process(config_lib.load_config(args.config, []))
 
     key = f"time_to_{int(TARGET_ACC * 100)}pct_s"
     runs = []
     for seed in args.seeds or [None]:
         s = load_setup(args.config, args.epochs, args.smoke, seed)
-        s["torch_memory_format"] = args.torch_memory_format
+        s["torch_memory_format"], s["xla_cpu_threads"] = args.torch_memory_format, threads_note
         sides = {}
         if args.only in (None, "torch"):
             sides["torch"] = torch_in_subprocess(args, seed)

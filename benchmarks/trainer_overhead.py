@@ -31,7 +31,7 @@ import jax
 from flax import nnx
 
 from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
-                    load_benchmark_config, machine_facts, results_path, write_json)
+                    load_benchmark_config, machine_facts, results_path, threads_as_fit_sets, write_json)
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.model import soft_cross_entropy
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
         ap.error("--modes: a comma list of 'loss' and 'async'")
 
     q = load_benchmark_config(Path(args.config))
+    threads_note = threads_as_fit_sets(q)
     bs = q["batch_size"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
     total = args.warmup + args.rounds * args.steps
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
 
     out = {"benchmark": NAME, "smoke": args.smoke, "goal": f"trainer within {1 - GOAL_RATIO:.0%} of the hand-written "
            f"loop (median ratio trainer/hand >= {GOAL_RATIO})", "machine": machine_facts(),
-           "setup": {"config": os.path.relpath(args.config, ROOT), "model": {"name": q["model_name"], **q["model"]},
+           "setup": {"config": os.path.relpath(args.config, ROOT), "xla_cpu_threads": threads_note,
+                     "model": {"name": q["model_name"], **q["model"]},
                      "batch_size": bs, "optimizer": {"name": "decoupled_sgdw", **q["optimizer"]},
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
                      "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,

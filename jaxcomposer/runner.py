@@ -13,6 +13,7 @@ import yaml
 from flax import nnx
 
 from jaxcomposer import config as config_lib
+from jaxcomposer.core import cpu_threads
 from jaxcomposer.core.events import RunState
 from jaxcomposer.data import dataset_kind, make_loaders
 from jaxcomposer.data.mlm import masked_lm_transform
@@ -98,6 +99,14 @@ def use_compilation_cache(path: str | None) -> str | None:
     return str(directory)
 
 
+def prepare_process(cfg: config_lib.Config) -> str:
+    """What a run sets up in its process before JAX creates its backends: the config's compilation cache, and one
+    XLA:CPU thread beside oneDNN's convolutions on small machines (``jaxcomposer.core.cpu_threads``). Returns the
+    thread decision in words. Benchmarks call it to run as ``fit`` does."""
+    use_compilation_cache(cfg.compilation_cache_dir)
+    return cpu_threads.one_xla_thread_for_onednn(cfg.model)
+
+
 def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     """Train from a YAML path, a mapping or a :class:`jaxcomposer.Config`; ``overrides`` are ``a.b=value`` strings.
 
@@ -106,7 +115,7 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     TensorBoard events and ``config.yaml``.
     """
     cfg = config_lib.load_config(config, overrides)
-    use_compilation_cache(cfg.compilation_cache_dir)
+    thread_note = prepare_process(cfg)
     run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S", time.localtime(_same_on_every_process(time.time())))
     parent = Path(cfg.run_dir).absolute()
     # a relaunch with autoresume continues the same run: its metrics append to the same directory
@@ -118,6 +127,7 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
                                   **({} if lead else {"progress_bar": False, "log_to_console": False}))
     # the config as hyperparameters, as Composer logs its Trainer's (MLflow params, W&B config, a JSONL line)
     trainer.logger.log_hyperparameters(_flatten(cfg.model_dump(mode="json")))
+    trainer.logger.log_hyperparameters({"xla_cpu_threads": thread_note})
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
     if lead:

@@ -1,0 +1,64 @@
+"""XLA:CPU's thread pool beside oneDNN's OpenMP team: one XLA thread where the two would fight over few cores.
+
+A model built with ``conv_impl='onednn'`` runs its convolutions through ATen, whose OpenMP team holds one thread per
+core and keeps them spinning for a while after every convolution (spinning is what makes its next parallel region
+start at once). Between convolutions XLA:CPU runs the step's other kernels on its own pool, also one thread per
+core. On a small machine the two then share the cores: XLA's threads run beside a spinning OpenMP thread, and the
+kernel scheduler hands each a time slice. On 2 cores the spinning took ~30% of the process's CPU samples (``perf``)
+and the quickstart's ``fit`` ran 13.1-14.5 ms per step against 11.2-13.0 ms with a single XLA thread (6 interleaved
+process pairs; ResNet-8: 31-37 against 28 ms). Making OpenMP spin less was slower still (``GOMP_SPINCOUNT`` 3,000 or
+30,000, ``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the spinning.
+
+XLA reads the pool's size once, from ``PJRT_NPROC``, when it creates its CPU client (the first array, compile or
+device query of the process), so this can only be arranged before that: ``jaxcomposer fit`` and
+``jaxcomposer.fit(config)`` do it for configs whose model uses oneDNN. A script that builds such a model itself sets
+``PJRT_NPROC=1`` in its environment (or calls :func:`one_xla_thread_for_onednn` before its first JAX array). A value
+the user set (``PJRT_NPROC`` or XLA's other spelling, ``NPROC``) is always kept.
+
+Measured on 2 cores only, so it applies up to :data:`MAX_CORES` usable cores; on a larger machine XLA's elementwise
+kernels would lose more from running on one thread, and that trade is unmeasured.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+ENV = "PJRT_NPROC"
+MAX_CORES = 4  # the largest machine the single XLA thread is chosen for (measured on 2 cores)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def jax_backend_started() -> bool:
+    """Whether this process has created its JAX backends already (after which their thread pools are fixed)."""
+    from jax._src import xla_bridge  # no public query; the dict is filled when the first backend is created
+    return bool(xla_bridge._backends)
+
+
+def uses_onednn_convolutions(model: Mapping[str, Any]) -> bool:
+    """A config's ``model`` section asks for oneDNN's convolutions (``conv_impl: onednn``)."""
+    return model.get("conv_impl") == "onednn"
+
+
+def one_xla_thread_for_onednn(model: Mapping[str, Any]) -> str:
+    """Sets ``PJRT_NPROC=1`` for a model with oneDNN convolutions on a machine of at most :data:`MAX_CORES` cores,
+    when nobody set the pool size and JAX's backends do not exist yet. Returns what it did, or why not, in words
+    (benchmarks record it)."""
+    if not uses_onednn_convolutions(model):
+        return "XLA's default pool (the model has no oneDNN convolutions)"
+    for name in (ENV, "NPROC"):
+        if name in os.environ:
+            return f"{name}={os.environ[name]} (set in the environment, kept)"
+    cores = usable_cores()
+    if cores > MAX_CORES:
+        return f"XLA's default pool ({cores} cores: more than the {MAX_CORES} a single XLA thread is chosen for)"
+    if jax_backend_started():
+        return "XLA's default pool (JAX's backends existed already: set PJRT_NPROC=1 before the first JAX array)"
+    os.environ[ENV] = "1"
+    return f"{ENV}=1 (oneDNN convolutions on {cores} cores)"
