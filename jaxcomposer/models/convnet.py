@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcomposer.models.dense import dense_dot_general
 from jaxcomposer.models.resnet import _bn, _conv, conv_function
 
 HEADS = ("flatten", "avg")
@@ -63,7 +64,8 @@ class ConvNet(nnx.Module):
         self.convs = nnx.List([_conv(a, b, kernel_size, s, rngs, conv_fn) for a, b, s in zip(cins, channels, strides)])
         self.bns = nnx.List([_bn(c, bn_momentum, rngs) for c in channels])
         features = channels[-1] * (size * size if head == "flatten" else 1)
-        self.head = nnx.Linear(features, num_classes, rngs=rngs)
+        # dense_dot_general: the head's kernel gradient as an ordinary product on the CPU (3x faster there)
+        self.head = nnx.Linear(features, num_classes, dot_general=dense_dot_general, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
         if x.ndim != 4:
