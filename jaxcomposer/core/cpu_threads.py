@@ -38,7 +38,8 @@ def usable_cores() -> int:
 def jax_backend_started() -> bool:
     """Whether this process has created its JAX backends already (after which their thread pools are fixed)."""
     from jax._src import xla_bridge  # no public query; the dict is filled when the first backend is created
-    return bool(xla_bridge._backends)
+    # a JAX without the dict: say not started (setting the variable after the start only has no effect)
+    return bool(getattr(xla_bridge, "_backends", None))
 
 
 def uses_onednn_convolutions(model: Mapping[str, Any]) -> bool:
