@@ -121,8 +121,45 @@ def test_strided_1x1_with_few_channels_stays_on_xla():
     assert _custom_calls(ours, x16, w16) == "forward"
 
 
+BF16_ULP = 2.0 ** -7  # one bfloat16 unit in the last place, relative (8 significant bits)
+BF16_CASES = [c for c in CASES if c[0] in ("nhwc_3x3_same_pads", "nhwc_stride2_stem", "nhwc_depthwise_x2",
+                                           "nchw_7x7_stride2")]
+
+
+def _bf16(a):
+    return a.astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=[c[0] for c in BF16_CASES])
+def test_bfloat16_is_the_float32_result_rounded_to_bfloat16(case):
+    """Under AMP the calls take and give bfloat16. oneDNN accumulates in float32 and rounds once: each value, input
+    gradient and kernel gradient is the float32 convolution of the same bf16 operands, rounded (within one bf16
+    unit, as float32 sums in another order can round the other way), not a bf16 sum, which would be much worse."""
+    _, layout, shape, kernel, cout, strides, padding, dilation, groups = case
+    x, w = _operands(layout, shape, kernel, cout, groups)
+    x16, w16 = _bf16(x), _bf16(w)
+    ref, ours = _conv_pair(layout, strides, padding, dilation, groups)
+    assert _custom_calls(ours, x16, w16) == "forward"
+
+    def close_to(got, want):
+        assert got.dtype == jnp.bfloat16
+        got, want = np.asarray(got, np.float32), np.asarray(want)
+        np.testing.assert_allclose(got, want, rtol=BF16_ULP, atol=ATOL)
+        assert np.mean(got == np.asarray(_bf16(want), np.float32)) > 0.95  # rounded once, mostly to the same value
+
+    x32, w32 = x16.astype(jnp.float32), w16.astype(jnp.float32)  # the bf16 operands, exactly, in float32
+    close_to(jax.jit(ours)(x16, w16), jax.jit(ref)(x32, w32))
+    probe = _bf16(jax.device_put(np.random.default_rng(1).standard_normal(ref(x, w).shape).astype(np.float32)))
+    p32 = probe.astype(jnp.float32)
+    for i, arg in enumerate((x16, w16)):
+        def grad_of(conv, operands, cotangent):
+            return jax.jit(jax.grad(lambda *ops: (conv(*ops) * cotangent).sum(), argnums=i))(*operands)
+        close_to(grad_of(ours, (x16, w16), probe), grad_of(ref, (x32, w32), p32))
+
+
 @pytest.mark.parametrize("why, kwargs, dtype", [
-    ("bfloat16", {}, jnp.bfloat16),
+    ("float16", {}, jnp.float16),
+    ("bfloat16 into float32", {"preferred_element_type": jnp.float32}, jnp.bfloat16),
     ("transposed (lhs_dilation)", {"lhs_dilation": (2, 2)}, jnp.float32),
     ("batch_group_count", {"batch_group_count": 2}, jnp.float32),
     ("negative padding", {"padding": ((-1, 0), (0, 0))}, jnp.float32),

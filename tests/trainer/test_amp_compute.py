@@ -13,8 +13,8 @@ from flax import nnx
 from torch import nn
 
 import torch_bridge
-from jaxcomposer.models import (BERT, GPT, MLP, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM, ResNetCIFAR,
-                                ViT, resnet50)
+from jaxcomposer.models import (BERT, GPT, MLP, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM, ConvNet,
+                                ResNetCIFAR, ViT, resnet50)
 from jaxcomposer.trainer.step import make_forward
 from tests.jaxprs import equations
 
@@ -65,6 +65,9 @@ CASES = {
     "resnet50_layout": lambda: (ComposerClassifier(resnet50(num_classes=10, layers=(1, 1), width=8), num_classes=10),
                                 _images("nhwc")),
     "resnet_cifar": lambda: (ComposerClassifier(ResNetCIFAR(depth=8, width=8, rngs=nnx.Rngs(0))), _images("nhwc")),
+    # oneDNN's convolutions (CPU custom calls) take the bf16 operands as they are
+    "convnet_onednn": lambda: (ComposerClassifier(ConvNet((8, 16), (2, 2), in_channels=3, image_size=16,
+                                                          conv_impl="onednn", rngs=nnx.Rngs(0))), _images("nhwc")),
     "mlp": lambda: (ComposerClassifier(MLP(16 * 16 * 3, (32,), rngs=nnx.Rngs(0))), _images("nhwc")),
     "vit": lambda: (ComposerClassifier(ViT(16, 8, 10, d_model=32, n_layers=1, n_heads=2, mlp_dim=64,
                                            rngs=nnx.Rngs(0))), _images("nhwc")),

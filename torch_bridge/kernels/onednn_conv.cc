@@ -41,8 +41,10 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using F32 = ffi::Buffer<ffi::F32, 4>;  // XLA checks the rank when it decodes the call
-using F32Out = ffi::ResultBuffer<ffi::F32, 4>;
+// float32, or bfloat16 under AMP; all buffers of a call alike. XLA checks neither the rank nor the type of an
+// AnyBuffer when it decodes the call: CheckBuffers does.
+using Buf = ffi::AnyBuffer;
+using BufOut = ffi::Result<ffi::AnyBuffer>;
 using Ints = ffi::Span<const int64_t>;
 
 struct Geometry {
@@ -50,16 +52,38 @@ struct Geometry {
   int64_t groups;
 };
 
+at::TensorOptions Options(const Buf& b) {
+  return at::TensorOptions().dtype(b.element_type() == ffi::DataType::BF16 ? at::kBFloat16 : at::kFloat);
+}
+
 // An NHWC activation buffer as a logically NCHW (channels-last) tensor.
-at::Tensor Activation(float* data, ffi::Span<const int64_t> d) {
+at::Tensor Activation(const Buf& b) {
+  auto d = b.dimensions();
   int64_t n = d[0], h = d[1], w = d[2], c = d[3];
-  return at::from_blob(data, {n, c, h, w}, {h * w * c, 1, w * c, c}, at::TensorOptions().dtype(at::kFloat));
+  return at::from_blob(b.untyped_data(), {n, c, h, w}, {h * w * c, 1, w * c, c}, Options(b));
 }
 
 // An OHWI kernel buffer as a logically OIHW (channels-last) tensor.
-at::Tensor Kernel(float* data, ffi::Span<const int64_t> d) {
+at::Tensor Kernel(const Buf& b) {
+  auto d = b.dimensions();
   int64_t o = d[0], kh = d[1], kw = d[2], i = d[3];
-  return at::from_blob(data, {o, i, kh, kw}, {kh * kw * i, 1, kw * i, i}, at::TensorOptions().dtype(at::kFloat));
+  return at::from_blob(b.untyped_data(), {o, i, kh, kw}, {kh * kw * i, 1, kw * i, i}, Options(b));
+}
+
+std::optional<ffi::Error> CheckBuffers(std::initializer_list<const Buf*> buffers) {
+  const ffi::DataType type = (*buffers.begin())->element_type();
+  if (type != ffi::DataType::F32 && type != ffi::DataType::BF16) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "onednn_conv: buffers must be float32 or bfloat16");
+  }
+  for (const Buf* b : buffers) {
+    if (b->element_type() != type) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "onednn_conv: the buffers of one call must share a dtype");
+    }
+    if (b->dimensions().size() != 4) {
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "onednn_conv: buffers must have rank 4");
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<ffi::Error> Check(const Geometry& g) {
@@ -135,40 +159,39 @@ Geometry MakeGeometry(Ints stride, Ints padding, Ints dilation, int64_t groups) 
                   {dilation.begin(), dilation.end()}, groups};
 }
 
-ffi::Error Forward(F32 x, F32 w, F32Out y, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+ffi::Error Forward(Buf x, Buf w, BufOut y, Ints stride, Ints padding, Ints dilation, int64_t groups) {
   Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
+  if (auto err = CheckBuffers({&x, &w, &*y})) return *err;
   return Guarded([&] {
-    at::Tensor r = at::convolution(Activation(x.typed_data(), x.dimensions()),
-                                   Kernel(w.typed_data(), w.dimensions()), std::nullopt, g.stride,
-                                   g.padding, g.dilation, false, {0, 0}, groups);
-    Activation(y->typed_data(), y->dimensions()).copy_(r);
+    at::Tensor r = at::convolution(Activation(x), Kernel(w), std::nullopt, g.stride, g.padding, g.dilation, false,
+                                   {0, 0}, groups);
+    Activation(*y).copy_(r);
   });
 }
 
 // d(loss)/d(input): needs the kernel and the output cotangent (the input buffer only gives the shape).
-ffi::Error BackwardInput(F32 w, F32 dy, F32Out dx, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+ffi::Error BackwardInput(Buf w, Buf dy, BufOut dx, Ints stride, Ints padding, Ints dilation, int64_t groups) {
   Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
+  if (auto err = CheckBuffers({&w, &dy, &*dx})) return *err;
   return Guarded([&] {
-    at::Tensor dx_view = Activation(dx->typed_data(), dx->dimensions());
-    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions()), dx_view,
-                                          Kernel(w.typed_data(), w.dimensions()), std::nullopt, g.stride,
+    at::Tensor dx_view = Activation(*dx);
+    auto grads = at::convolution_backward(Activation(dy), dx_view, Kernel(w), std::nullopt, g.stride,
                                           g.padding, g.dilation, false, {0, 0}, groups, {true, false, false});
     dx_view.copy_(std::get<0>(grads));
   });
 }
 
 // d(loss)/d(kernel): needs the input and the output cotangent.
-ffi::Error BackwardKernel(F32 x, F32 dy, F32Out dw, Ints stride, Ints padding, Ints dilation, int64_t groups) {
+ffi::Error BackwardKernel(Buf x, Buf dy, BufOut dw, Ints stride, Ints padding, Ints dilation, int64_t groups) {
   Geometry g = MakeGeometry(stride, padding, dilation, groups);
   if (auto err = Check(g)) return *err;
+  if (auto err = CheckBuffers({&x, &dy, &*dw})) return *err;
   return Guarded([&] {
-    at::Tensor dw_view = Kernel(dw->typed_data(), dw->dimensions());
-    auto grads = at::convolution_backward(Activation(dy.typed_data(), dy.dimensions()),
-                                          Activation(x.typed_data(), x.dimensions()), dw_view,
-                                          std::nullopt, g.stride, g.padding, g.dilation, false, {0, 0}, groups,
-                                          {false, true, false});
+    at::Tensor dw_view = Kernel(*dw);
+    auto grads = at::convolution_backward(Activation(dy), Activation(x), dw_view, std::nullopt, g.stride,
+                                          g.padding, g.dilation, false, {0, 0}, groups, {false, true, false});
     dw_view.copy_(std::get<1>(grads));
   });
 }
@@ -179,11 +202,11 @@ ffi::Error BackwardKernel(F32 x, F32 dy, F32Out dw, Ints stride, Ints padding, I
   .Attr<Ints>("stride").Attr<Ints>("padding").Attr<Ints>("dilation").Attr<int64_t>("groups")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvForward, Forward,
-                              ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);
+                              ffi::Ffi::Bind().Arg<Buf>().Arg<Buf>().Ret<Buf>() JC_CONV_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvBackwardInput, BackwardInput,
-                              ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);
+                              ffi::Ffi::Bind().Arg<Buf>().Arg<Buf>().Ret<Buf>() JC_CONV_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcConvBackwardKernel, BackwardKernel,
-                              ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>() JC_CONV_ATTRS);
+                              ffi::Ffi::Bind().Arg<Buf>().Arg<Buf>().Ret<Buf>() JC_CONV_ATTRS);
 
 // GNU OpenMP (torch's runtime): frees the calling thread's worker team (OpenMP 5.0's omp_pause_soft). Its next
 // parallel region starts a new one.
