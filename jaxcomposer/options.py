@@ -127,6 +127,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "gradient accumulation in microbatches of this size (must divide the batch and be a multiple of the "
            "device count); the update equals the full-batch one. 'auto': the largest size whose compiled step fits "
            "device_memory_bytes, chosen from XLA's memory analysis before the first step"),
+    Option("steps_per_execution", pydantic.PositiveInt, 1,
+           "train this many batches per compiled call (a scan over the step, as Keras's steps_per_execution): less "
+           "host work per batch where steps are short. Events still fire per batch, after the call; callbacks then "
+           "see the state after its last batch, and a stop takes effect at its end"),
     Option("device_memory_bytes", pydantic.PositiveInt | None, None,
            "per-device memory 'auto' microbatching fits the train step into (default: the device's limit as JAX "
            "reports it; CPUs report none, so there 'auto' keeps the whole batch unless this is set). Ours"),

@@ -198,6 +198,28 @@ def jit_train_step(train_step: Callable, mesh, state_shardings) -> Callable:
                    out_shardings=(state_shardings, rep), donate_argnums=0, static_argnums=2)
 
 
+def make_multi_step(train_step: Callable, k: int) -> Callable:
+    """``multi_step(state, batches, stage, count) -> (state, [metrics] * k)``: up to ``k`` train steps in one
+    program, a ``lax.scan`` over ``batches`` (a tuple of ``k`` batches of one shape, stacked inside the program) in
+    which the first ``count`` steps train and the rest are skipped (``lax.cond``: not computed), so one compiled
+    program serves every call, also one cut short at the end of an epoch. Each step is ``train_step`` with its own
+    clock and key, so the result is that of ``count`` calls; metrics come back per step, sliced in the program
+    (no slicing dispatch on the host); those of skipped steps are zeros."""
+    def multi_step(state, batches: tuple, stage, count):
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+        no_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype),
+                                  jax.eval_shape(lambda: train_step(state, batches[0], stage)[1]))
+
+        def body(s, xs):
+            batch, i = xs
+            return jax.lax.cond(i < count, lambda s: train_step(s, batch, stage), lambda s: (s, no_metrics), s)
+
+        state, metrics = jax.lax.scan(body, state, (stacked, jnp.arange(k)))
+        return state, [jax.tree.map(lambda m, i=i: m[i], metrics) for i in range(k)]
+
+    return multi_step
+
+
 def jit_eval_step(eval_step: Callable, mesh, state_shardings) -> Callable:
     data = parallel.batch_sharding(mesh)
     return jax.jit(eval_step, in_shardings=(state_shardings, data, data), out_shardings=parallel.replicated(mesh))

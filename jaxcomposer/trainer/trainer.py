@@ -87,7 +87,7 @@ class Trainer(ReadsPlan):
                  load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None,
                  parallelism_config: dict | None = None, fsdp_config: dict | None = None,
-                 device_memory_bytes: int | None = None):
+                 device_memory_bytes: int | None = None, steps_per_execution: int = 1):
         # ---- validate (nothing compiled or written yet) ----
         a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
         if adapters.is_foreign_model(model):
@@ -155,6 +155,12 @@ class Trainer(ReadsPlan):
         # ours compile into the step; Composer-style functions of the run state are called on the host each batch
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
         self.host_schedulers = [sch for sch in schedulers if not hasattr(sch, "schedule")]
+        self.steps_per_execution = a.steps_per_execution
+        if self.steps_per_execution > 1 and self.host_schedulers:
+            raise ConfigurationError(
+                f"steps_per_execution: {self.steps_per_execution} trains several batches per call, but "
+                f"{len(self.host_schedulers)} scheduler(s) are Composer-style functions, which the host asks before "
+                "every batch; use steps_per_execution=1, or jaxcomposer.optim's schedulers (compiled into the step).")
         self._host_lr = 1.0
         self.task = model  # (the plan may count tokens with it; surgery below replaces it)
         self._replan(max_duration)
@@ -279,40 +285,57 @@ class Trainer(ReadsPlan):
         while not self._done() and not st.stop_requested:
             self._seek_train_data()
             self._fire(Event.EPOCH_START)
-            seen = 0
-            for batch in self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True,
-                                              position=(st.timestamp.epoch, st.timestamp.batch_in_epoch)):
-                self._fire(Event.BATCH_START)
-                stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
-                                            self._host_ctx(int(st.timestamp.batch)))
-                n, seen = _batch_size(batch), seen + 1
-                self._host_lr = self._host_multiplier()
-                if self.microbatch_size == "auto":
-                    self.microbatch_size = self._auto_microbatch_size(batch, stage)
-                st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
-                st.batch_size = n
-                st.timestamp = st.timestamp.to_next_batch(
-                    samples=n, tokens=self.task.num_tokens(batch),
-                    duration=self._since_mark())
-                st.batch_metrics = metrics
-                # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
-                # non-finite updates), so the host keeps steps queued instead of waking on every one
-                self._pending_checks.append((st.timestamp.batch, metrics))
-                self._check_finite(wait=False)
-                self.logger.set_step(st.timestamp.batch)
-                self.logger.log_metrics({"loss/train/total": metrics["loss"]})
-                self._fire(Event.BATCH_END)
-                if self._eval_due(TimeUnit.BATCH):
-                    self._run_eval()
-                    last_eval_batch = st.timestamp.batch
-                epoch_complete = bool(self.steps_per_epoch) and st.timestamp.batch_in_epoch >= self.steps_per_epoch
-                if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
-                    self._save()  # (an epoch's last batch is saved after the epoch closes, below)
-                stop_signal = preemption.poll(st.timestamp.batch)  # once per batch: a collective across processes
-                if stop_signal is not None and not epoch_complete:
-                    self._preempted(stop_signal)  # (on an epoch's last batch: after the epoch closes)
-                if (self._done() or st.stop_requested) and not epoch_complete:
-                    break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
+            seen, stop_signal = 0, None
+            for chunk in self._chunks(self._device_batches(self.train_dataloader, self.train_subset_num_batches,
+                                                           check=True, position=(st.timestamp.epoch,
+                                                                                 st.timestamp.batch_in_epoch))):
+                # several batches: trained already by one compiled call; their events follow, batch by batch
+                chunk_metrics = self._train_chunk(chunk) if self.steps_per_execution > 1 \
+                    and self.microbatch_size != "auto" else None
+                chunk_signal = None
+                for i, batch in enumerate(chunk):
+                    chunk_done = i == len(chunk) - 1  # the host may act (save, stop) only between calls
+                    self._fire(Event.BATCH_START)
+                    n, seen = _batch_size(batch), seen + 1
+                    if chunk_metrics is None:
+                        stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
+                                                    self._host_ctx(int(st.timestamp.batch)))
+                        self._host_lr = self._host_multiplier()
+                        if self.microbatch_size == "auto":
+                            self.microbatch_size = self._auto_microbatch_size(batch, stage)
+                        st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
+                    else:
+                        metrics = chunk_metrics[i]
+                    st.batch_size = n
+                    st.timestamp = st.timestamp.to_next_batch(
+                        samples=n, tokens=self.task.num_tokens(batch),
+                        duration=self._since_mark())
+                    st.batch_metrics = metrics
+                    # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
+                    # non-finite updates), so the host keeps steps queued instead of waking on every one
+                    self._pending_checks.append((st.timestamp.batch, metrics))
+                    self._check_finite(wait=False)
+                    self.logger.set_step(st.timestamp.batch)
+                    self.logger.log_metrics({"loss/train/total": metrics["loss"]})
+                    self._fire(Event.BATCH_END)
+                    # (a chunk ends where an evaluation or a checkpoint is due: _chunk_length)
+                    if self._eval_due(TimeUnit.BATCH):
+                        self._run_eval()
+                        last_eval_batch = st.timestamp.batch
+                    epoch_complete = bool(self.steps_per_epoch) and \
+                        st.timestamp.batch_in_epoch >= self.steps_per_epoch
+                    if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
+                        self._save()  # (an epoch's last batch is saved after the epoch closes, below)
+                    # once per batch: a collective across processes
+                    chunk_signal = chunk_signal or preemption.poll(st.timestamp.batch)
+                    stop_signal = chunk_signal if chunk_done else None
+                    if stop_signal is not None and not epoch_complete:
+                        self._preempted(stop_signal)  # (on an epoch's last batch: after the epoch closes)
+                    if chunk_done and (self._done() or st.stop_requested) and not epoch_complete:
+                        break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
+                else:
+                    continue
+                break
             else:
                 if seen == 0:
                     raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
@@ -603,6 +626,78 @@ class Trainer(ReadsPlan):
                                        grad_shardings=self.grad_shardings, model_view=self.model_view)
             self._train_steps[n] = steps.jit_train_step(fn, self.mesh, self.state_shardings)
         return self._train_steps[n]
+
+    def _multi_step_for(self, batch_size: int, k: int):
+        """The jitted call that trains ``k`` batches (``steps.make_multi_step``); one compile per batch size."""
+        n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
+        if ("multi", n, k) not in self._train_steps:
+            fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
+                                       precision=self.precision, num_microbatches=n, mesh=self.mesh,
+                                       grad_shardings=self.grad_shardings, model_view=self.model_view)
+            self._train_steps["multi", n, k] = steps.jit_train_step(steps.make_multi_step(fn, k), self.mesh,
+                                                                    self.state_shardings)
+        return self._train_steps["multi", n, k]
+
+    def _chunk_length(self) -> int:
+        """How many batches the next compiled call may train from the current timestamp: ``steps_per_execution``,
+        cut where the host must act between two batches (an evaluation or a checkpoint due in batches, the end of
+        the epoch or of the duration); 1 where that cannot be told ahead (intervals given as functions, a
+        duration in samples or tokens, 'auto' microbatching before its first batch)."""
+        k = self.steps_per_execution
+        if k == 1 or self.microbatch_size == "auto":
+            return 1
+        ts, md = self.state.timestamp, self.max_duration
+        done = int(ts.get(TimeUnit.BATCH).value)
+        if md.unit == TimeUnit.BATCH:
+            k = min(k, md.value - done)
+        elif md.unit != TimeUnit.EPOCH:
+            return 1
+        if self.steps_per_epoch:
+            k = min(k, self.steps_per_epoch - int(ts.batch_in_epoch))
+        due = [self.eval_interval] if self.eval_dataloader is not None else []
+        due += [self.save_interval] if self.store is not None else []
+        for interval in due:
+            if callable(interval):
+                return 1
+            if interval is not None and interval.unit == TimeUnit.BATCH:
+                k = min(k, interval.value - done % interval.value)
+        return max(k, 1)
+
+    def _chunks(self, batches: Iterable):
+        """``batches`` grouped into the calls that train them: lists of up to ``steps_per_execution`` batches of
+        one shape (``[batch]`` each when it is 1), cut where ``_chunk_length`` says."""
+        it, held = iter(batches), None
+        while True:
+            first, held = (held, None) if held is not None else (next(it, None), None)
+            if first is None:
+                return
+            n, chunk = self._chunk_length(), [first]
+            shapes = {k: v.shape for k, v in first.items()}
+            while len(chunk) < n:
+                nxt = next(it, None)
+                if nxt is None:
+                    break
+                if {k: v.shape for k, v in nxt.items()} != shapes:
+                    held = nxt
+                    break
+                chunk.append(nxt)
+            yield chunk
+
+    def _train_chunk(self, chunk: list[dict]) -> list[dict] | None:
+        """Trains ``chunk`` in one multi-step call (padded to ``steps_per_execution`` with its last batch, whose
+        extra steps the program skips) and returns each batch's metrics; None, with nothing trained, when the
+        methods give its batches different stages, which compile differently: they then run one by one."""
+        st = self.state
+        first = int(st.timestamp.batch)
+        shapes = {k: tuple(v.shape) for k, v in chunk[0].items()}
+        stages = [self.composed.stage(shapes, self._host_ctx(first + i)) for i in range(len(chunk))]
+        if any(stage != stages[0] for stage in stages):
+            return None
+        k = self.steps_per_execution
+        padded = tuple(chunk) + (chunk[-1],) * (k - len(chunk))
+        st.train_state, metrics = self._multi_step_for(_batch_size(chunk[0]), k)(
+            st.train_state, padded, stages[0], np.int32(len(chunk)))
+        return metrics[:len(chunk)]
 
     def compiled_train_step(self, batch: dict, stage=None, num_microbatches: int = 1):
         """The train step compiled ahead of time for this batch's shapes (``jax.stages.Compiled``): its
