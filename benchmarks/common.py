@@ -68,7 +68,7 @@ def add_round_args(ap, warmup_help: str) -> None:
 def load_benchmark_config(path: Path | str) -> dict:
     """``configs/resnet8_fashion_mnist.yaml`` (or another config) as the throughput benchmarks use it: ``model``
     kwargs (without ``name``), ``model_name``, ``batch_size``, ``optimizer`` kwargs of its ``decoupled_sgdw``
-    (without ``name``) and ``seed``."""
+    (without ``name``), ``seed`` and ``steps_per_execution``."""
     import yaml
 
     path = Path(path)
@@ -77,7 +77,8 @@ def load_benchmark_config(path: Path | str) -> dict:
     if opt.pop("name") != "decoupled_sgdw":
         raise SystemExit(f"{path}: this benchmark expects optimizer.name decoupled_sgdw")
     return {"model": {k: v for k, v in cfg["model"].items() if k != "name"}, "model_name": cfg["model"]["name"],
-            "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0))}
+            "batch_size": int(cfg["data"]["batch_size"]), "optimizer": opt, "seed": int(cfg.get("seed", 0)),
+            "steps_per_execution": int(cfg.get("steps_per_execution", 1))}
 
 
 def threads_as_fit_sets(q: dict) -> str:

@@ -55,13 +55,14 @@ def config_model(q: dict) -> nnx.Module:
     return BUILDERS[q["model_name"]](**{"num_classes": 10, "in_channels": 1, **q["model"]}, rngs=nnx.Rngs(q["seed"]))
 
 
-def trainer_side(q: dict, pool: list[dict], steps: int, total: int, read_loss: bool) -> TrainerSide:
+def trainer_side(q: dict, pool: list[dict], steps: int, total: int, read_loss: bool,
+                 steps_per_execution: int) -> TrainerSide:
     module = config_model(q)
     return TrainerSide(model=ComposerClassifier(module, num_classes=10),
                        train_dataloader=CyclingLoader(pool, steps), eval_dataloader=None,
                        max_duration=f"{total}ba", optimizers=DecoupledSGDW(**q["optimizer"]),
                        schedulers=None, algorithms=None, progress_bar=False, log_to_console=False,
-                       seed=q["seed"], devices=jax.devices()[:1],
+                       seed=q["seed"], devices=jax.devices()[:1], steps_per_execution=steps_per_execution,
                        callbacks=[ReadLoss()] if read_loss else None)
 
 
@@ -115,6 +116,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_round_args(ap, warmup_help="untimed steps first (includes compile)")
     ap.add_argument("--modes", default="loss,async", help="comma list of sync modes: loss, async")
+    ap.add_argument("--steps-per-execution", type=int, default=None,
+                    help="the Trainer's steps_per_execution (default: the config's); the hand loop makes one call "
+                         "per batch. --steps and --warmup are rounded up to multiples of it")
     ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
     ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     args = ap.parse_args(argv)
@@ -126,6 +130,11 @@ def main(argv=None) -> int:
         ap.error("--modes: a comma list of 'loss' and 'async'")
 
     q = load_benchmark_config(Path(args.config))
+    spe = q["steps_per_execution"] if args.steps_per_execution is None else args.steps_per_execution
+    if spe < 1:
+        ap.error(f"--steps-per-execution: expected an int >= 1, got {spe}")
+    # a round that ends inside a call would train past its end: rounds hold whole calls
+    args.steps, args.warmup = (-(-n // spe) * spe for n in (args.steps, args.warmup))
     threads_note = threads_as_fit_sets(q)
     bs = q["batch_size"]
     pool, source = fashion_mnist_batches(bs, count=min(max(args.steps, 4), 64), seed=0)
@@ -133,7 +142,8 @@ def main(argv=None) -> int:
 
     sides = {}
     for m in modes:
-        sides[("trainer", m)] = trainer_side(q, pool, args.steps, total, read_loss=(m == "loss"))
+        sides[("trainer", m)] = trainer_side(q, pool, args.steps, total, read_loss=(m == "loss"),
+                                             steps_per_execution=spe)
         sides[("hand", m)] = HandSide(q, pool, read_loss=(m == "loss"))
     warm = {}
     for key, side in sides.items():  # warm-up: compile + first steps, untimed in the rounds
@@ -167,7 +177,8 @@ def main(argv=None) -> int:
                      "model": {"name": q["model_name"], **q["model"]},
                      "batch_size": bs, "optimizer": {"name": "decoupled_sgdw", **q["optimizer"]},
                      "schedulers": None, "algorithms": None, "data": source, "host_batches_in_pool": len(pool),
-                     "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,
+                     "steps_per_round": args.steps, "trainer_steps_per_execution": spe, "rounds": args.rounds,
+                     "warmup_steps": args.warmup,
                      "devices": "single CPU device: Trainer(devices=jax.devices()[:1]); hand loop unsharded "
                         "jax.device_put to the default device",
                      "loss": "soft cross-entropy on integer targets (mean over the batch), both sides",
