@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,7 +25,7 @@ from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
 from jaxcomposer.trainer.trainer import Trainer
 
-
+MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cache file
 
 @dataclasses.dataclass
 class FitResult:
@@ -85,7 +86,9 @@ def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
 
 def use_compilation_cache(path: str | None) -> str | None:
     """Point JAX's persistent compilation cache at ``path`` (``~`` expanded) unless one is configured already
-    (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or ``path`` is None; returns the directory in use, if any."""
+    (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) or ``path`` is None, caching every program that took
+    ``MIN_CACHED_COMPILE_S`` or more to compile (unless ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says
+    otherwise); returns the directory in use, if any."""
     configured = jax.config.jax_compilation_cache_dir
     if configured or path is None:
         return configured or None
@@ -96,6 +99,10 @@ def use_compilation_cache(path: str | None) -> str | None:
         raise ConfigurationError(f"compilation_cache_dir: cannot create {str(directory)!r} ({e.strerror}); point it "
                                  f"at a writable directory or set it to null to compile every run afresh") from None
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # JAX caches only programs that took >= 1 s to compile: a small model's train step (~0.5-1 s on 2 cores)
+        # would then compile again at every run's first step
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
     return str(directory)
 
 

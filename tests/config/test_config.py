@@ -142,6 +142,19 @@ def test_fit_turns_on_the_compilation_cache_where_none_is_configured(tmp_path):
     assert any("jit__lambda" in p.name for p in cache.iterdir()), sorted(p.name for p in cache.iterdir())
 
 
+def test_the_cache_keeps_programs_that_compile_in_under_a_second_unless_the_user_says_otherwise(tmp_path):
+    import os
+    from jaxcomposer.runner import MIN_CACHED_COMPILE_S
+    code = ("import jax; from jaxcomposer.runner import use_compilation_cache as use; "
+            f"use({str(tmp_path / 'xla')!r}); print(jax.config.jax_persistent_cache_min_compile_time_secs)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    for users, expected in ((None, MIN_CACHED_COMPILE_S), ("2.5", 2.5)):
+        run_env = env if users is None else {**env, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": users}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert float(out.stdout.split()[-1]) == expected
+
+
 def test_a_configured_compilation_cache_is_left_alone_and_a_bad_directory_is_named(tmp_path):
     import jax
     from jaxcomposer.errors import ConfigurationError
