@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from jaxcomposer import Callback, Event, Trainer
+from jaxcomposer.algorithms import EMA, ProgressiveResizing
 from jaxcomposer.callbacks import NonFiniteLossError
 from jaxcomposer.loggers import InMemoryLogger
 from jaxcomposer.optim import CosineAnnealingScheduler, DecoupledSGDW
 from jaxcomposer.trainer.trainer import ConfigurationError
-from tests.trainer.helpers import leaves, loaders, mlp_task
+from tests.trainer.helpers import leaves, loaders, mlp_task, resnet_task
 from tests.trainer.test_nonfinite import PoisonedLoader
 
 K = 4
@@ -119,3 +120,25 @@ def test_bad_values_name_the_option(bad):
     with pytest.raises(ValueError, match="steps_per_execution"):
         Trainer(model=mlp_task(), train_dataloader=loaders()[0], max_duration="1ep",
                 optimizers=DecoupledSGDW(lr=0.1), steps_per_execution=bad, progress_bar=False)
+
+
+# (id, methods, stages): methods whose state or stage moves with the clock. Progressive resizing changes the batch's
+# stage (its image size) at batch 8, inside the call of batches 5-8, which then runs its batches one by one
+METHODS = [
+    ("ema", lambda: [EMA(half_life="3ba")], 1),
+    ("progressive_resizing", lambda: [ProgressiveResizing(initial_scale=0.5, delay_fraction=0.3,
+                                                          finetune_fraction=0.3, size_increment=4)], 2),
+]
+
+
+@pytest.mark.parametrize("methods, stages", [m[1:] for m in METHODS], ids=[m[0] for m in METHODS])
+def test_methods_that_follow_the_clock_train_as_with_one_call_per_batch(methods, stages):
+    trainers, states = {}, {}
+    for k in (1, K):
+        trainers[k], states[k], _, _ = run(k, model=resnet_task(), algorithms=methods(), max_duration="14ba",
+                                           eval_dataloader=None)
+    for a, b in zip(leaves(states[K].train_state), leaves(states[1].train_state)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    calls = trainers[K]._train_steps
+    assert calls["multi", 1, K]._cache_size() == stages  # one program per stage
+    assert (1 in calls) == (stages > 1)  # the straddling call's batches ran one by one, through the single step
