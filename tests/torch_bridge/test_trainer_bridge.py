@@ -272,3 +272,18 @@ def test_adaptive_clipping_uses_torch_output_units_on_bridged_models():
     trainer.fit()
     for name, p in module.named_parameters():
         assert_close_on_scale(start[name].numpy() - p.detach().numpy(), clipped[0][name], LAYER_TOL, name)
+
+
+def test_several_batches_per_call_train_the_torch_module_as_one_per_batch():
+    """steps_per_execution with a bridged module and torch DataLoaders: the module the user passed ends with the
+    weights (and BatchNorm counters) one call per batch gives it."""
+    modules = {}
+    for k in (1, 4):
+        train, _ = image_loaders()
+        modules[k] = make_cnn()
+        Trainer(model=modules[k], train_dataloader=train, max_duration="10ba", optimizers=DecoupledSGDW(lr=0.05),
+                algorithms=[EMA(half_life="3ba")], progress_bar=False, seed=0, steps_per_execution=k).fit()
+    one, several = modules[1].state_dict(), modules[4].state_dict()
+    assert int(several["bn1.num_batches_tracked"]) == 10
+    for name in one:
+        np.testing.assert_allclose(several[name].numpy(), one[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
