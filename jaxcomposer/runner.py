@@ -27,6 +27,7 @@ from jaxcomposer.trainer.trainer import Trainer
 
 MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cache file
 
+
 @dataclasses.dataclass
 class FitResult:
     metrics: dict[str, float]

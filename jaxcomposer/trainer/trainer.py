@@ -326,8 +326,8 @@ class Trainer(ReadsPlan):
                         st.timestamp.batch_in_epoch >= self.steps_per_epoch
                     if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
                         self._save()  # (an epoch's last batch is saved after the epoch closes, below)
-                    # once per batch: a collective across processes
-                    chunk_signal = chunk_signal or preemption.poll(st.timestamp.batch)
+                    signal_now = preemption.poll(st.timestamp.batch)  # every batch: a collective across processes
+                    chunk_signal = chunk_signal or signal_now
                     stop_signal = chunk_signal if chunk_done else None
                     if stop_signal is not None and not epoch_complete:
                         self._preempted(stop_signal)  # (on an epoch's last batch: after the epoch closes)
@@ -619,23 +619,22 @@ class Trainer(ReadsPlan):
         """The jitted train step for a batch size (the number of microbatches is static: one compile each)."""
         return self._step_with(1 if self.microbatch_size is None else batch_size // self.microbatch_size)
 
+    def _pure_train_step(self, n: int):
+        return steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info, precision=self.precision,
+                                     num_microbatches=n, mesh=self.mesh, grad_shardings=self.grad_shardings,
+                                     model_view=self.model_view)
+
     def _step_with(self, n: int):
         if n not in self._train_steps:
-            fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
-                                       precision=self.precision, num_microbatches=n, mesh=self.mesh,
-                                       grad_shardings=self.grad_shardings, model_view=self.model_view)
-            self._train_steps[n] = steps.jit_train_step(fn, self.mesh, self.state_shardings)
+            self._train_steps[n] = steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings)
         return self._train_steps[n]
 
     def _multi_step_for(self, batch_size: int, k: int):
         """The jitted call that trains ``k`` batches (``steps.make_multi_step``); one compile per batch size."""
         n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
         if ("multi", n, k) not in self._train_steps:
-            fn = steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info,
-                                       precision=self.precision, num_microbatches=n, mesh=self.mesh,
-                                       grad_shardings=self.grad_shardings, model_view=self.model_view)
-            self._train_steps["multi", n, k] = steps.jit_train_step(steps.make_multi_step(fn, k), self.mesh,
-                                                                    self.state_shardings)
+            self._train_steps["multi", n, k] = steps.jit_train_step(
+                steps.make_multi_step(self._pure_train_step(n), k), self.mesh, self.state_shardings)
         return self._train_steps["multi", n, k]
 
     def _chunk_length(self) -> int:
