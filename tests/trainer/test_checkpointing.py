@@ -24,14 +24,18 @@ def test_periodic_saves_are_pruned_and_the_end_is_saved(tmp_path):
     assert t.store.all_steps() == [9, 10]
 
 
-def test_autoresume_continues_bit_for_bit(tmp_path):
-    straight = trainer("10ba")
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_autoresume_continues_bit_for_bit(tmp_path, steps_per_execution):
+    # with 3 batches per call, the saves every 2 batches cut the calls differently in the interrupted run and in
+    # the straight one; each step still computes the same
+    straight = trainer("10ba", steps_per_execution=steps_per_execution)
     straight.fit()
-    first = trainer("5ba", save_folder=tmp_path / "ck", save_interval="2ba")
+    first = trainer("5ba", save_folder=tmp_path / "ck", save_interval="2ba", steps_per_execution=steps_per_execution)
     first.fit()
     first.close()
     assert first.store.all_steps() == [2, 4, 5]
-    resumed = trainer("10ba", save_folder=tmp_path / "ck", save_interval="2ba", autoresume=True)
+    resumed = trainer("10ba", save_folder=tmp_path / "ck", save_interval="2ba", autoresume=True,
+                      steps_per_execution=steps_per_execution)
     assert resumed.state.timestamp.batch == 5
     resumed.fit()
     resumed.close()
