@@ -18,6 +18,7 @@ _HOMES = {  # public name -> the module that defines it
     "ComposerCausalLM": "jaxcomposer.models.tasks", "ComposerClassifier": "jaxcomposer.models.tasks",
     "ConfigurationError": "jaxcomposer.errors", "JaxComposerError": "jaxcomposer.errors",
     "Trainer": "jaxcomposer.trainer.trainer",
+    "DataSpec": "jaxcomposer.data.data_spec",
 }
 _SUBMODULES = ("algorithms", "callbacks", "functional", "loggers", "metrics", "optim")
 

@@ -16,6 +16,7 @@ from jaxcomposer.data.datasets import (
     load_fashion_mnist,
     normalize_images,
 )
+from jaxcomposer.data.data_spec import DataSpec
 from jaxcomposer.data.factory import DATASET_NAMES, TEXT_DATASETS, DatasetInfo, dataset_kind, make_loaders
 from jaxcomposer.data.images import (
     IMAGENET_MEAN,
@@ -36,6 +37,7 @@ from jaxcomposer.data.tokens import load_tokenizer, text_file_tokens, tfds_text_
 __all__ = [
     "ArrayLoader",
     "DATASET_NAMES",
+    "DataSpec",
     "DIGITS_MEAN",
     "DIGITS_STD",
     "DatasetInfo",

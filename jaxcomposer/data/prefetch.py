@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -33,7 +33,7 @@ class _Failure:
         self.error = error
 
 
-def _produce(source: Iterable[Any], out: queue.Queue, stop: threading.Event, sharding: Any) -> None:
+def _produce(source: Iterable[Any], out: queue.Queue, stop: threading.Event, place: Callable[[Any], Any]) -> None:
     iterator = iter(source)
 
     def put(item: Any) -> bool:
@@ -49,7 +49,7 @@ def _produce(source: Iterable[Any], out: queue.Queue, stop: threading.Event, sha
         for batch in iterator:
             if stop.is_set():
                 return
-            if not put(jax.device_put(batch, sharding)):
+            if not put(place(batch)):
                 return
         put(_End())
     except BaseException as error:  # noqa: BLE001 - everything must reach the consumer, not die in the thread
@@ -60,20 +60,24 @@ def _produce(source: Iterable[Any], out: queue.Queue, stop: threading.Event, sha
             close()
 
 
-def prefetch_to_device(iterator: Iterable[Any], size: int = 2, sharding: Any = None) -> Iterator[Any]:
+def prefetch_to_device(iterator: Iterable[Any], size: int = 2, sharding: Any = None,
+                       place: Callable[[Any], Any] | None = None) -> Iterator[Any]:
     """Yield the items of ``iterator`` (pytrees of arrays) after ``jax.device_put(item, sharding)``.
 
     Keeps up to ``size`` transferred batches queued ahead of the consumer. Order is preserved. An exception in
     the source (or in ``device_put``) is re-raised in the consumer at the position where it happened. With
     ``sharding=None`` batches go to the default device; pass e.g. ``NamedSharding(mesh, P('data'))`` to split
     the batch dimension across devices (the batch size must then be divisible by the mesh axis size).
+    ``place(item)`` replaces that ``device_put`` when given (e.g. to assemble each process's rows into global
+    arrays); it runs on the prefetch thread too.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefetch size must be an int >= 1, got {size!r}")
     buffer: queue.Queue = queue.Queue(maxsize=size)
     stop = threading.Event()
     thread = threading.Thread(
-        target=_produce, args=(iterator, buffer, stop, sharding), name="jaxcomposer-prefetch", daemon=True
+        target=_produce, args=(iterator, buffer, stop, place or (lambda item: jax.device_put(item, sharding))),
+        name="jaxcomposer-prefetch", daemon=True
     )
     thread.start()
     try:

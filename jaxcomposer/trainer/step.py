@@ -38,22 +38,26 @@ def make_forward(task, precision: str) -> Callable:
     return forward
 
 
-def make_per_example_loss(task, loss_fn: Callable, precision: str) -> Callable:
+def make_per_example_loss(task, loss_fn: Callable, precision: str,
+                          microbatch_transform: Callable | None = None) -> Callable:
     """``per_example_loss(params, model_state, batch, key, *, train=True) -> (losses (B,), new_model_state)``:
     the forward and loss that ``grad_fn`` differentiates, exposed (as ``StepCtx.per_example_loss``) for grad
-    wrappers that score examples without a gradient."""
+    wrappers that score examples without a gradient. ``microbatch_transform`` (``DataSpec.microbatch_transforms``)
+    runs first, on each microbatch gradient accumulation hands in."""
     forward = make_forward(task, precision)
 
     def per_example_loss(params, model_state, batch, key, *, train=True):
+        if microbatch_transform is not None:
+            batch = microbatch_transform(batch)
         outputs, new_state = forward(params, model_state, batch, train=train, key=key)
         return loss_fn(outputs, batch), new_state
 
     return per_example_loss
 
 
-def make_grad_fn(task, loss_fn: Callable, precision: str) -> Callable:
+def make_grad_fn(task, loss_fn: Callable, precision: str, microbatch_transform: Callable | None = None) -> Callable:
     """``grad_fn(params, model_state, batch, key) -> ((mean_loss, new_model_state), grads)``."""
-    per_example_loss = make_per_example_loss(task, loss_fn, precision)
+    per_example_loss = make_per_example_loss(task, loss_fn, precision, microbatch_transform)
 
     def mean_loss(params, model_state, batch, key):
         losses, new_state = per_example_loss(params, model_state, batch, key)
@@ -118,23 +122,29 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
                     num_microbatches: int = 1, mesh=None, grad_shardings: Any = None,
-                    model_view: ModelView = ModelView()) -> Callable:
+                    model_view: ModelView = ModelView(), batch_transform: Callable | None = None,
+                    microbatch_transform: Callable | None = None) -> Callable:
     """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
     ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``model_view`` is what the methods see of
     the model (its memoized param order and its layout; the step adds ``per_example_loss``). ``grad_shardings``
     (``jaxcomposer.parallel.train_state_shardings``) lays the gradients out as the optimizer state is: under FSDP
-    the data-parallel sum becomes a reduce-scatter, and each device updates only its shard."""
+    the data-parallel sum becomes a reduce-scatter, and each device updates only its shard.
+    ``batch_transform`` and ``microbatch_transform`` are a ``DataSpec``'s: the first runs on the batch before the
+    methods' batch slots, the second on each microbatch before the forward."""
     data_sharding = parallel.batch_sharding(mesh, leading=1) if mesh is not None else None
 
     def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
         ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
                       model=model_view)
         loss_fn = composed.wrap_loss(task.loss, ctx)
-        per_example_loss = make_per_example_loss(task, loss_fn, precision)
+        per_example_loss = make_per_example_loss(task, loss_fn, precision, microbatch_transform)
         ctx = ctx._replace(model=ctx.model._replace(per_example_loss=per_example_loss))
-        grad_fn = accumulate_gradients(make_grad_fn(task, loss_fn, precision), num_microbatches, data_sharding)
+        grad_fn = accumulate_gradients(make_grad_fn(task, loss_fn, precision, microbatch_transform),
+                                       num_microbatches, data_sharding)
+        if batch_transform is not None:
+            batch = batch_transform(dict(batch))
         batch = composed.apply_batch(dict(batch), ctx)
         (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx)(
             state.params, state.model_state, batch, jax.random.fold_in(ctx.key, _FORWARD_KEY))
@@ -158,13 +168,15 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
 
 
 def make_eval_step(task, composed: Composed, run: RunInfo, metrics: Mapping[str, Metric], *,
-                   precision: str = "fp32") -> Callable:
+                   precision: str = "fp32", batch_transform: Callable | None = None) -> Callable:
     """``eval_step(state, batch, mask) -> {metric name: this batch's sums}``: padded examples (mask 0) count for
     nothing and the batches' sums add up exactly (``jaxcomposer.metrics.base``). Methods with an ``eval`` slot
-    (EMA) choose the weights."""
+    (EMA) choose the weights; ``batch_transform`` (a ``DataSpec``'s) runs on the batch first."""
     forward = make_forward(task, precision)
 
     def eval_step(state: TrainState, batch: dict, mask: jax.Array):
+        if batch_transform is not None:
+            batch = batch_transform(dict(batch))
         params, model_state = eval_weights(composed, state, run)
         outputs, _ = forward(params, model_state, batch, train=False, key=None)
         preds, target = task.metric_inputs(outputs, batch)
@@ -173,10 +185,13 @@ def make_eval_step(task, composed: Composed, run: RunInfo, metrics: Mapping[str,
     return eval_step
 
 
-def make_predict_step(task, composed: Composed, run: RunInfo, *, precision: str = "fp32") -> Callable:
+def make_predict_step(task, composed: Composed, run: RunInfo, *, precision: str = "fp32",
+                      batch_transform: Callable | None = None) -> Callable:
     forward = make_forward(task, precision)
 
     def predict_step(state: TrainState, batch: dict):
+        if batch_transform is not None:
+            batch = batch_transform(dict(batch))
         params, model_state = eval_weights(composed, state, run)
         outputs, _ = forward(params, model_state, batch, train=False, key=None)
         return outputs

@@ -29,6 +29,7 @@ from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
+from jaxcomposer.data import data_spec
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
@@ -99,6 +100,9 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
+        # a DataSpec (Composer's): its transforms run inside the compiled steps, its counters on the host
+        (train_dataloader, self._train_spec), (eval_dataloader, self._eval_spec) = \
+            data_spec.unwrap(train_dataloader), data_spec.unwrap(eval_dataloader)
         train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         eval_dataloader = _as_loader(eval_dataloader, "eval_dataloader")
         self.precision = a.precision or "fp32"
@@ -174,9 +178,10 @@ class Trainer(ReadsPlan):
             raw = self._first_raw_batch()
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
                 self.task.note_raw_batch(raw)
-            self.task.bind(as_batch(raw))
+            self.task.bind(self._model_batch(as_batch(raw)))
         self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
-            lambda: param_use_order(self.task.forward, self.task.params, self.task.state, self._example_batch()))
+            lambda: param_use_order(self.task.forward, self.task.params, self.task.state,
+                                    self._model_batch(self._example_batch())))
         self.model_view = ModelView(param_order=self.param_order,
                                     param_layout="torch" if self.task.pure.bridged is not None else "flax")
 
@@ -245,7 +250,8 @@ class Trainer(ReadsPlan):
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
         self._lr_tables: dict[int, np.ndarray] = {}
         self._train_steps: dict = {}
-        self._eval_step = self._predict_step = None
+        self._eval_steps: dict = {}  # by the DataSpec transform they run (None: none)
+        self._predict_steps: dict = {}
         if getattr(self, "state", None) is not None:
             self.state.plan = self.plan
 
@@ -258,6 +264,7 @@ class Trainer(ReadsPlan):
         becomes ``timestamp + duration``, so schedules and methods plan with the new length (and the step is
         compiled again). Either argument makes a new plan; a call without them continues the current one."""
         if train_dataloader is not None:
+            train_dataloader, self._train_spec = data_spec.unwrap(train_dataloader)
             self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         if duration is not None:
             d = options.parse_duration(duration, "duration")
@@ -308,7 +315,7 @@ class Trainer(ReadsPlan):
                         metrics = chunk_metrics[i]
                     st.batch_size = n
                     st.timestamp = st.timestamp.to_next_batch(
-                        samples=n, tokens=self.task.num_tokens(batch),
+                        samples=self._count_samples(batch), tokens=self._count_tokens(batch),
                         duration=self._since_mark())
                     st.batch_metrics = metrics
                     # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
@@ -378,15 +385,17 @@ class Trainer(ReadsPlan):
 
     def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str) -> dict[str, float]:
         """Evaluation itself; the fit loop calls it directly (the module is written back at the end of fit)."""
-        loader = eval_dataloader if eval_dataloader is not None else self.eval_dataloader
+        loader, spec = data_spec.unwrap(eval_dataloader) if eval_dataloader is not None else \
+            (self.eval_dataloader, self._eval_spec)
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
+        transform = data_spec.whole_batch_transform(spec)
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
-        if self._eval_step is None and host is None:
-            self._eval_step = steps.jit_eval_step(steps.make_eval_step(
-                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision), self.mesh,
-                self.state_shardings)
+        if transform not in self._eval_steps and host is None:
+            self._eval_steps[transform] = steps.jit_eval_step(steps.make_eval_step(
+                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision,
+                batch_transform=transform), self.mesh, self.state_shardings)
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -398,11 +407,11 @@ class Trainer(ReadsPlan):
             batch = as_batch(raw)
             count += _batch_size(batch)
             if host is not None:  # unpadded: the metrics see exactly the loader's examples
-                host.update(batch, self._predict_fn()(self.state.train_state, batch))
+                host.update(batch, self._predict_fn(transform)(self.state.train_state, batch))
             else:  # each batch's sums stay on the device until the end: no sync per batch
                 pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
                 padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
-                parts.append(self._eval_step(self.state.train_state, *padded))
+                parts.append(self._eval_steps[transform](self.state.train_state, *padded))
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -414,7 +423,8 @@ class Trainer(ReadsPlan):
 
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
         self._sync_model()
-        fn = self._predict_fn()
+        dataloader, spec = data_spec.unwrap(dataloader)
+        fn = self._predict_fn(data_spec.whole_batch_transform(spec))
         outputs = []
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
@@ -434,11 +444,11 @@ class Trainer(ReadsPlan):
         return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
                                           weights_only=weights_only)
 
-    def _predict_fn(self) -> Callable:
-        if self._predict_step is None:
-            self._predict_step = jax.jit(steps.make_predict_step(self.task, self.composed, self.run_info,
-                                                                 precision=self.precision))
-        return self._predict_step
+    def _predict_fn(self, transform: Callable | None = None) -> Callable:
+        if transform not in self._predict_steps:
+            self._predict_steps[transform] = jax.jit(steps.make_predict_step(
+                self.task, self.composed, self.run_info, precision=self.precision, batch_transform=transform))
+        return self._predict_steps[transform]
 
     def _sync_model(self) -> None:
         """Write the current weights into the module the user passed (``state.model``), as Composer's model object
@@ -556,6 +566,23 @@ class Trainer(ReadsPlan):
     def _example_batch(self) -> dict:
         return as_batch(self._first_raw_batch())
 
+    def _model_batch(self, batch: dict) -> dict:
+        """A host batch as the model sees it: after the train (else eval) DataSpec's transforms, run eagerly here
+        (a torch module is exported with it; methods trace the model with it)."""
+        spec = self._train_spec if self.train_dataloader is not None else self._eval_spec
+        transform = data_spec.whole_batch_transform(spec)
+        return batch if transform is None else jax.tree.map(np.asarray, transform(dict(batch)))
+
+    def _count_samples(self, batch: dict) -> int:
+        """Samples in a train batch: the DataSpec's ``get_num_samples_in_batch``, else the leading dimension."""
+        count = getattr(self._train_spec, "get_num_samples_in_batch", None)
+        return _batch_size(batch) if count is None else int(count(batch))
+
+    def _count_tokens(self, batch: dict) -> int:
+        """Tokens in a train batch: the DataSpec's ``get_num_tokens_in_batch``, else the task's count."""
+        count = getattr(self._train_spec, "get_num_tokens_in_batch", None)
+        return self.task.num_tokens(batch) if count is None else int(count(batch))
+
     def _first_raw_batch(self):
         for loader in (self.train_dataloader, self.eval_dataloader):
             if loader is not None:
@@ -620,9 +647,11 @@ class Trainer(ReadsPlan):
         return self._step_with(1 if self.microbatch_size is None else batch_size // self.microbatch_size)
 
     def _pure_train_step(self, n: int):
+        batch_transform, microbatch_transform = data_spec.step_transforms(self._train_spec)
         return steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info, precision=self.precision,
                                      num_microbatches=n, mesh=self.mesh, grad_shardings=self.grad_shardings,
-                                     model_view=self.model_view)
+                                     model_view=self.model_view, batch_transform=batch_transform,
+                                     microbatch_transform=microbatch_transform)
 
     def _step_with(self, n: int):
         if n not in self._train_steps:
@@ -765,11 +794,12 @@ class Trainer(ReadsPlan):
                 if augment:
                     ctx = self._host_ctx(first_step + i - start)
                     batch = self.composed.apply_data(batch, ctx, (self.seed, position[0], i))
-                # several processes: each loader holds its process's rows (shard_for_processes), Composer's
-                # per-rank batches; together they make the global batch
-                yield parallel.process_rows_to_global(batch, sharding)
+                yield batch
 
-        return prefetch_to_device(host_batches(), size=2, sharding=sharding)
+        # several processes: each loader holds its process's rows (shard_for_processes), Composer's per-rank
+        # batches; together they make the global batch (one process: a plain device_put)
+        return prefetch_to_device(host_batches(), size=2, sharding=sharding,
+                                  place=lambda batch: parallel.process_rows_to_global(batch, sharding))
 
     def _check_train_batch(self, batch: dict) -> None:
         n = _batch_size(batch) * jax.process_count()  # the global batch
@@ -792,7 +822,7 @@ class Trainer(ReadsPlan):
         wants_tokens = any(_in_tokens(t) for t in times)
         if not wants_tokens or self.train_dataloader is None:
             return batch_size, None
-        return batch_size, (self.task.num_tokens(self._example_batch()) or None)
+        return batch_size, (self._count_tokens(self._example_batch()) or None)
 
     def _total_steps(self, md: Time | None, steps_per_epoch: int | None, batch_size: int | None,
                      tokens_per_batch: int | None) -> int:

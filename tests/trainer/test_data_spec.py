@@ -1,0 +1,151 @@
+"""``DataSpec``: Composer's loader wrapper. Its transforms run inside the compiled steps, its counters on the host.
+
+The reference run trains the digits MLP on images normalized on the host; the same run on uint8 images with the
+normalization as ``batch_transforms`` must end with the same weights, bit for bit (``NormalizeImages`` looks the
+host's values up), evaluate and predict the same, and count what the DataSpec's counters say.
+"""
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcomposer import DataSpec, Trainer
+from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD, ArrayLoader, load_digits
+from jaxcomposer.data.prefetch import prefetch_to_device
+from jaxcomposer.errors import ConfigurationError
+from jaxcomposer.optim import DecoupledSGDW
+from jaxcomposer.runner import NormalizeImages
+from tests.trainer.helpers import leaves, loaders, mlp_task
+
+NORMALIZE = NormalizeImages(DIGITS_MEAN, DIGITS_STD)
+
+
+def uint8_loaders(batch_size=32):
+    """The digits as ``helpers.loaders`` yields them (same order), before normalization."""
+    train = ArrayLoader(dict(load_digits("train")), batch_size, shuffle=True, seed=0, drop_last=True)
+    evals = ArrayLoader(dict(load_digits("test")), 100, shuffle=False, drop_last=False)
+    return train, evals
+
+
+def fit(train, evals, **kw):
+    trainer = Trainer(model=mlp_task(), train_dataloader=train, eval_dataloader=evals, max_duration="1ep",
+                      optimizers=DecoupledSGDW(lr=0.1, momentum=0.9), seed=0, progress_bar=False, **kw)
+    trainer.fit()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def host_normalized():
+    return fit(*loaders(batch_size=32))
+
+
+@pytest.fixture(scope="module")
+def in_step():
+    train, evals = uint8_loaders()
+    return fit(DataSpec(train, batch_transforms=NORMALIZE), DataSpec(evals, batch_transforms=NORMALIZE))
+
+
+def test_the_table_gives_the_host_values_bit_for_bit():
+    images = load_digits("test")["input"]
+    from jaxcomposer.data import normalize_images
+    on_device = jax.jit(NORMALIZE)({"input": images})["input"]
+    np.testing.assert_array_equal(np.asarray(on_device), normalize_images(images, DIGITS_MEAN, DIGITS_STD))
+    three = np.random.default_rng(0).integers(0, 256, (4, 5, 5, 3), dtype=np.uint8)
+    per_channel = NormalizeImages((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+    np.testing.assert_array_equal(np.asarray(jax.jit(per_channel)({"input": three})["input"]),
+                                  normalize_images(three, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)))
+
+
+def test_batch_transforms_in_the_step_train_evaluate_and_predict_as_host_normalized_data(host_normalized, in_step):
+    assert in_step.state.timestamp.batch == host_normalized.state.timestamp.batch == 42
+    for a, b in zip(leaves(in_step.state.train_state.params), leaves(host_normalized.state.train_state.params)):
+        np.testing.assert_array_equal(a, b)
+    assert in_step.state.eval_metrics["eval"] == host_normalized.state.eval_metrics["eval"]
+    assert 0.8 < in_step.state.eval_metrics["eval"]["MulticlassAccuracy"]
+    uint8_evals, host_evals = uint8_loaders()[1], loaders()[1]
+    # eval() and predict() take a DataSpec too, and run its transform
+    assert in_step.eval(DataSpec(uint8_evals, batch_transforms=NORMALIZE)) == host_normalized.eval(host_evals)
+    got = in_step.predict(DataSpec(uint8_evals, batch_transforms=NORMALIZE), subset_num_batches=2)
+    want = host_normalized.predict(host_evals, subset_num_batches=2)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_microbatch_transforms_run_on_each_microbatch(host_normalized):
+    seen = {"batch": [], "microbatch": []}
+
+    def note(kind):
+        def transform(batch):
+            seen[kind].append(batch["input"].shape[0])
+            return NORMALIZE(batch) if kind == "microbatch" else batch
+        return transform
+
+    train, evals = uint8_loaders()
+    trainer = fit(DataSpec(train, batch_transforms=note("batch"), microbatch_transforms=note("microbatch")),
+                  DataSpec(evals, batch_transforms=NORMALIZE), device_train_microbatch_size=16)
+    assert set(seen["batch"]) == {32} and set(seen["microbatch"]) == {16}
+    # the normalization is elementwise: per microbatch it is the host-normalized run, to float32 rounding (the
+    # accumulated gradient sums two halves)
+    for a, b in zip(leaves(trainer.state.train_state.params), leaves(host_normalized.state.train_state.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_counters_feed_the_timestamp():
+    train, evals = uint8_loaders()
+    spec = DataSpec(train, batch_transforms=NORMALIZE, get_num_samples_in_batch=lambda b: 2 * len(b["target"]),
+                    get_num_tokens_in_batch=lambda b: 5, num_samples=1347)
+    trainer = Trainer(model=mlp_task(), train_dataloader=spec, max_duration="3ba", seed=0, progress_bar=False)
+    trainer.fit()
+    ts = trainer.state.timestamp
+    assert (ts.batch, ts.sample, ts.token) == (3, 3 * 64, 15)
+    assert spec.num_samples == 1347 and "batch_transforms" in repr(spec)
+
+
+def test_fit_with_another_data_spec_compiles_its_transform():
+    train, _ = uint8_loaders()
+    doubled = []
+    trainer = Trainer(model=mlp_task(), train_dataloader=DataSpec(train, batch_transforms=NORMALIZE),
+                      max_duration="2ba", seed=0, progress_bar=False)
+    trainer.fit()
+
+    def double(batch):
+        doubled.append(True)
+        return {**NORMALIZE(batch), "input": 2 * NORMALIZE(batch)["input"]}
+
+    trainer.fit(train_dataloader=DataSpec(train, batch_transforms=double), duration="1ba")
+    assert doubled and trainer.state.timestamp.batch == 3
+
+
+def test_bad_specs_are_refused_before_anything_runs():
+    train, _ = uint8_loaders()
+    with pytest.raises(ConfigurationError, match="split_batch: not supported"):
+        DataSpec(train, split_batch=lambda batch, n: [batch])
+    with pytest.raises(ConfigurationError, match="batch_transforms: expected a function"):
+        DataSpec(train, batch_transforms="normalize")
+    with pytest.raises(ConfigurationError, match="device_transforms and batch_transforms both given"):
+        DataSpec(train, batch_transforms=NORMALIZE, device_transforms=NORMALIZE)
+    with pytest.raises(ConfigurationError, match="got another DataSpec"):
+        DataSpec(DataSpec(train))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = DataSpec(train, device_transforms=NORMALIZE)
+    assert spec.batch_transforms is NORMALIZE and any(w.category is DeprecationWarning for w in caught)
+
+
+def test_an_eager_torch_style_transform_is_named_and_nothing_trains():
+    train, _ = uint8_loaders()
+    trainer = Trainer(model=mlp_task(), train_dataloader=DataSpec(train, batch_transforms=lambda b: {
+        **b, "input": b["input"].float()}), max_duration="2ba", seed=0, progress_bar=False)
+    before = leaves(trainer.state.train_state.params)
+    with pytest.raises(ConfigurationError, match=r"DataSpec.batch_transforms: raised AttributeError.*JAX function"):
+        trainer.fit()
+    assert trainer.state.timestamp.batch == 0
+    for a, b in zip(leaves(trainer.state.train_state.params), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_prefetch_places_with_the_given_function():
+    batches = [{"x": np.full((2,), i)} for i in range(3)]
+    got = list(prefetch_to_device(iter(batches), place=lambda b: {"x": b["x"] + 10}))
+    assert [int(g["x"][0]) for g in got] == [10, 11, 12]
