@@ -25,6 +25,7 @@ from jaxcomposer import models
 from jaxcomposer.models.tasks import CLASSIFICATION_LOSSES, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM
 from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
+from jaxcomposer.trainer.step import collector_paused
 from jaxcomposer.trainer.trainer import Trainer
 
 MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cache file
@@ -188,6 +189,7 @@ def loaders_from_config(cfg: config_lib.Config):
                                                 "max_bytes", "mlm_probability"}))
 
 
+@collector_paused  # loading data, building the model and tracing its initial state make many lasting objects
 def build_trainer(cfg: config_lib.Config, **replace: Any):
     """The ``Trainer`` a validated config describes, and the loaded data's ``DatasetInfo``: loaders (normalized
     images), model, optimizer, schedulers, methods, callbacks, loggers and every run option, as ``fit`` builds it,

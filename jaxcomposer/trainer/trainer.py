@@ -72,6 +72,7 @@ class Trainer(ReadsPlan):
     defaults and documentation, in :mod:`jaxcomposer.options`; ``help(Trainer)`` lists them below.
     """
 
+    @steps.collector_paused  # building traces and compiles the initial state (see collector_paused)
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
                  eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
@@ -393,9 +394,9 @@ class Trainer(ReadsPlan):
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
         if transform not in self._eval_steps and host is None:
-            self._eval_steps[transform] = steps.jit_eval_step(steps.make_eval_step(
+            self._eval_steps[transform] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
                 self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision,
-                batch_transform=transform), self.mesh, self.state_shardings)
+                batch_transform=transform), self.mesh, self.state_shardings))
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -446,8 +447,8 @@ class Trainer(ReadsPlan):
 
     def _predict_fn(self, transform: Callable | None = None) -> Callable:
         if transform not in self._predict_steps:
-            self._predict_steps[transform] = jax.jit(steps.make_predict_step(
-                self.task, self.composed, self.run_info, precision=self.precision, batch_transform=transform))
+            self._predict_steps[transform] = steps.collector_paused(jax.jit(steps.make_predict_step(
+                self.task, self.composed, self.run_info, precision=self.precision, batch_transform=transform)))
         return self._predict_steps[transform]
 
     def _sync_model(self) -> None:
@@ -655,15 +656,16 @@ class Trainer(ReadsPlan):
 
     def _step_with(self, n: int):
         if n not in self._train_steps:
-            self._train_steps[n] = steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings)
+            self._train_steps[n] = steps.collector_paused(
+                steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings))
         return self._train_steps[n]
 
     def _multi_step_for(self, batch_size: int, k: int):
         """The jitted call that trains ``k`` batches (``steps.make_multi_step``); one compile per batch size."""
         n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
         if ("multi", n, k) not in self._train_steps:
-            self._train_steps["multi", n, k] = steps.jit_train_step(
-                steps.make_multi_step(self._pure_train_step(n), k), self.mesh, self.state_shardings)
+            self._train_steps["multi", n, k] = steps.collector_paused(steps.jit_train_step(
+                steps.make_multi_step(self._pure_train_step(n), k), self.mesh, self.state_shardings))
         return self._train_steps["multi", n, k]
 
     def _chunk_length(self) -> int:

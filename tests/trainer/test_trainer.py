@@ -331,3 +331,37 @@ def test_samples_and_tokens_reach_the_run_length_and_the_schedulers():
     assert by_samples.total_steps == 5  # 40 samples in batches of 8
     by_samples.fit()
     assert by_samples.state.timestamp.sample == 40 and by_samples.state.timestamp.token == 40 * 16
+
+
+def test_compiled_steps_run_with_the_cyclic_collector_paused_and_restored():
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxcomposer.trainer.step import collector_paused
+
+    seen = []
+
+    def record(x):
+        seen.append(gc.isenabled())
+        return x * 2
+
+    jitted = collector_paused(jax.jit(record))
+    assert gc.isenabled()
+    assert float(jitted(jnp.float32(1.5))) == 3.0 and seen == [False] and gc.isenabled()  # traced with it paused
+    assert jitted.lower(jnp.float32(1.0)).compile() is not None  # the jitted function's own attributes stay
+    plain = collector_paused(record)
+    gc.disable()
+    try:
+        plain(1.0)
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+
+    def fails():
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        collector_paused(fails)()
+    assert gc.isenabled() and seen == [False, False]
