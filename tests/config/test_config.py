@@ -178,3 +178,15 @@ def test_a_model_argument_the_model_refuses_is_a_config_error_before_any_write(t
     with pytest.raises(ConfigError, match=r"model\.depth: ResNetCIFAR: depth must be 6n\+2 with n >= 1, got depth=7"):
         fit(bad)
     assert not (tmp_path / "runs").exists()
+
+
+def test_fit_normalizes_images_in_the_step_unless_a_host_method_needs_them_normalized():
+    from jaxcomposer.runner import NormalizedLoader, NormalizeImages, build_trainer
+    trainer, _ = build_trainer(load_config(TINY), loggers=[])
+    assert isinstance(trainer._train_spec.batch_transforms, NormalizeImages)
+    assert isinstance(trainer._eval_spec.batch_transforms, NormalizeImages)
+    assert next(iter(trainer.train_dataloader))["input"].dtype == "uint8"  # what crosses to the device
+    with_host_method = load_config({**TINY, "algorithms": {"randaugment": {"severity": 3}}})
+    trainer, _ = build_trainer(with_host_method, loggers=[])
+    assert trainer._train_spec is None and isinstance(trainer.train_dataloader, NormalizedLoader)
+    assert next(iter(trainer.train_dataloader))["input"].dtype == "float32"
