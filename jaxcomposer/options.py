@@ -172,8 +172,10 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
     Option("model", Any, None, "a task (ComposerClassifier, ComposerCausalLM or your own Task) around a Flax NNX "
                                "module, or a bare torch nn.Module (a classifier, converted from the first batch)"),
     Option("train_dataloader", Any, None, "an iterable of dict batches or (input, target) pairs (numpy, jax or "
-                                          "torch arrays); loaders with set_state/set_epoch resume exactly"),
-    Option("eval_dataloader", Any, None, "batches for eval(), padded and masked so every example counts once"),
+                                          "torch arrays), or a DataSpec around one (its transforms run in the "
+                                          "compiled step); loaders with set_state/set_epoch resume exactly"),
+    Option("eval_dataloader", Any, None, "batches for eval(), or a DataSpec around them; padded and masked so "
+                                         "every example counts once"),
     Option("optimizers", Any, None, "an optax GradientTransformation (DecoupledSGDW, DecoupledAdamW or any optax "
                                     "one) or a one-element list of it; default DecoupledSGDW(lr=0.1), as Composer"),
     Option("schedulers", Any, None, "Composer schedulers from jaxcomposer.optim, one or a list; their multipliers "

@@ -213,7 +213,7 @@ def collector_paused(fn: Callable) -> Callable:
     """``fn`` (a function or a jitted step) called with Python's cyclic garbage collector paused, and resumed after
     (unless it was off already). Tracing a step allocates ~10^5 objects that live through the trace, and the full
     collections they trigger scan every object of a process holding JAX and torch (~350k): on the quickstart they
-    took 0.17 s of the multi-step's 0.28 s trace, and 0.3 s of building the Trainer. Reference counting still frees
+    took 0.17 s of the multi-step's 0.28 s trace, and 0.25 s of ``runner.build_trainer``. Reference counting still frees
     what dies meanwhile; cyclic garbage waits for the next collection after the call. Other attributes (``lower``,
     ``trace``) are ``fn``'s."""
     if not inspect.isfunction(fn):  # a jitted step: an object, whose lower() and trace() stay reachable

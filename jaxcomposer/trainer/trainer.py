@@ -72,7 +72,6 @@ class Trainer(ReadsPlan):
     defaults and documentation, in :mod:`jaxcomposer.options`; ``help(Trainer)`` lists them below.
     """
 
-    @steps.collector_paused  # building traces and compiles the initial state (see collector_paused)
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
                  eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
