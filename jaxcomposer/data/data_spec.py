@@ -92,7 +92,13 @@ class DataSpec:
 
 
 def unwrap(loader: Any) -> tuple[Any, DataSpec | None]:
-    """``(the loader, its DataSpec or None)`` for whatever a ``Trainer`` argument holds."""
+    """``(the loader, its DataSpec or None)`` for whatever a ``Trainer`` argument holds: a loader, a ``DataSpec``,
+    or, as in Composer, a dict of ``DataSpec``'s arguments (``{'dataloader': ..., 'batch_transforms': ...}``)."""
+    if isinstance(loader, dict) and "dataloader" in loader:
+        try:
+            loader = DataSpec(**loader)
+        except TypeError as error:
+            raise ConfigurationError(f"a dataloader given as a dict is DataSpec's arguments: {error}") from None
     return (loader.dataloader, loader) if isinstance(loader, DataSpec) else (loader, None)
 
 

@@ -102,6 +102,16 @@ def test_the_counters_feed_the_timestamp():
     assert spec.num_samples == 1347 and "batch_transforms" in repr(spec)
 
 
+def test_a_dict_of_data_spec_arguments_is_a_data_spec(host_normalized):
+    train, evals = uint8_loaders()
+    trainer = fit({"dataloader": train, "batch_transforms": NORMALIZE},
+                  {"dataloader": evals, "batch_transforms": NORMALIZE})
+    for a, b in zip(leaves(trainer.state.train_state.params), leaves(host_normalized.state.train_state.params)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigurationError, match="DataSpec's arguments: .*batch_transform"):
+        fit({"dataloader": train, "batch_transform": NORMALIZE}, None)
+
+
 def test_fit_with_another_data_spec_compiles_its_transform():
     train, _ = uint8_loaders()
     doubled = []
