@@ -67,7 +67,10 @@ class NormalizeImages:
 
     uint8 pixels take one of 256 values per channel, so the step looks them up in a table ``normalize_images``
     computed on the host: bit for bit the values host normalization gives (XLA's own arithmetic rounds ~2/3 of
-    them differently, by one unit in the last place), and as fast (27 against 32 us per quickstart batch)."""
+    them differently, by one unit in the last place), so a config trains exactly as it did with host
+    normalization. On the quickstart's batches the lookup is as fast as the arithmetic (27 against 32 us); on
+    64x112x112x3 batches it takes ~0.5 ms against 0.14 ms on one CPU thread, a small part of such a step and far
+    less than normalizing on the host."""
 
     def __init__(self, mean, std, key: str = "input"):
         self.mean, self.std, self.key = mean, std, key
