@@ -19,6 +19,7 @@ from jaxcomposer.core.events import RunState
 from jaxcomposer.core.method import compose
 from jaxcomposer.data import dataset_kind, make_loaders
 from jaxcomposer.data.data_spec import DataSpec
+from jaxcomposer.data.transforms import NormalizeImages
 from jaxcomposer.data.mlm import masked_lm_transform
 from jaxcomposer.data.datasets import normalize_images
 from jaxcomposer import models
@@ -57,34 +58,6 @@ def fresh_run_dir(parent: Path, run_name: str) -> Path:
         n += 1
         candidate = parent / f"{run_name}-{n}"
     return candidate
-
-
-class NormalizeImages:
-    """A ``DataSpec`` batch transform: the batch's uint8 ``input`` images as normalized float32
-    (``normalize_images``), computed inside the compiled step, before the methods see the batch, so they see the
-    values a Composer user's normalized tensors hold. The loader then gathers and copies uint8, a quarter of the
-    bytes, and the host does no arithmetic per batch (quickstart: ~40 us of host CPU per batch less).
-
-    uint8 pixels take one of 256 values per channel, so the step looks them up in a table ``normalize_images``
-    computed on the host: bit for bit the values host normalization gives (XLA's own arithmetic rounds ~2/3 of
-    them differently, by one unit in the last place), so a config trains exactly as it did with host
-    normalization. On the quickstart's batches the lookup is as fast as the arithmetic (27 against 32 us); on
-    64x112x112x3 batches it takes ~0.5 ms against 0.14 ms on one CPU thread, a small part of such a step and far
-    less than normalizing on the host."""
-
-    def __init__(self, mean, std, key: str = "input"):
-        self.mean, self.std, self.key = mean, std, key
-        channels = np.size(mean)
-        levels = np.repeat(np.arange(256, dtype=np.uint8)[:, None], channels, axis=1)  # (256, C)
-        self.table = normalize_images(levels.reshape(256, 1, channels), mean, std).reshape(256, channels)
-
-    def __call__(self, batch: dict) -> dict:
-        x = batch[self.key]
-        channels = self.table.shape[1]
-        if x.dtype != np.uint8 or channels not in (1, x.shape[-1]):  # not pixels, or not these: the arithmetic
-            return {**batch, self.key: normalize_images(x, self.mean, self.std)}
-        table, pixels = jax.numpy.asarray(self.table), x.astype(np.int32)
-        return {**batch, self.key: table[pixels, 0] if channels == 1 else table[pixels, np.arange(channels)]}
 
 
 class NormalizedLoader:

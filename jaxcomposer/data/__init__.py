@@ -32,6 +32,7 @@ from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer.data.text import FILE_SEPARATOR, TokenWindows, lm_arrays, load_stdlib_text, stdlib_files
 from jaxcomposer.data.synthetic import SyntheticLoader
 from jaxcomposer.data.tfds_adapter import load_tfds
+from jaxcomposer.data.transforms import NormalizationFn, NormalizeImages
 from jaxcomposer.data.tokens import load_tokenizer, text_file_tokens, tfds_text_tokens
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "IMAGENET_STD",
     "ImageFolderSource",
     "ImageLoader",
+    "NormalizationFn",
+    "NormalizeImages",
     "IndexedLoader",
     "SyntheticLoader",
     "TEXT_DATASETS",

@@ -181,7 +181,8 @@ def test_a_model_argument_the_model_refuses_is_a_config_error_before_any_write(t
 
 
 def test_fit_normalizes_images_in_the_step_unless_a_host_method_needs_them_normalized():
-    from jaxcomposer.runner import NormalizedLoader, NormalizeImages, build_trainer
+    from jaxcomposer.data import NormalizeImages
+    from jaxcomposer.runner import NormalizedLoader, build_trainer
     trainer, _ = build_trainer(load_config(TINY), loggers=[])
     assert isinstance(trainer._train_spec.batch_transforms, NormalizeImages)
     assert isinstance(trainer._eval_spec.batch_transforms, NormalizeImages)

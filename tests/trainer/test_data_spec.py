@@ -15,7 +15,7 @@ from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD, ArrayLoader, load_digits
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.optim import DecoupledSGDW
-from jaxcomposer.runner import NormalizeImages
+from jaxcomposer.data import NormalizeImages
 from tests.trainer.helpers import leaves, loaders, mlp_task
 
 NORMALIZE = NormalizeImages(DIGITS_MEAN, DIGITS_STD)
@@ -159,3 +159,44 @@ def test_prefetch_places_with_the_given_function():
     batches = [{"x": np.full((2,), i)} for i in range(3)]
     got = list(prefetch_to_device(iter(batches), place=lambda b: {"x": b["x"] + 10}))
     assert [int(g["x"][0]) for g in got] == [10, 11, 12]
+
+
+# -- Composer's NormalizationFn --------------------------------------------------------------------------------------
+def composer_formula(x, mean, std, axis):
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    return (x.astype(np.float32) - np.asarray(mean, np.float32).reshape(shape)) / \
+        np.asarray(std, np.float32).reshape(shape)
+
+
+def test_normalization_fn_gives_composers_values_bit_for_bit():
+    from jaxcomposer.data import NormalizationFn
+    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)  # Composer's IMAGENET_CHANNEL_MEAN/STD
+    rng = np.random.default_rng(0)
+    nchw = rng.integers(0, 256, (4, 3, 6, 6), dtype=np.uint8)
+    target = np.arange(4, dtype=np.int32)
+    xs, ys = jax.jit(NormalizationFn(mean, std, ignore_background=True))((nchw, target))  # a pair, as Composer's
+    np.testing.assert_array_equal(np.asarray(xs), composer_formula(nchw, mean, std, 1))
+    np.testing.assert_array_equal(np.asarray(ys), target - 1)
+    nhwc = nchw.transpose(0, 2, 3, 1)
+    out = jax.jit(NormalizationFn(mean, std, channels_axis=-1))({"input": nhwc, "target": target, "id": target})
+    np.testing.assert_array_equal(np.asarray(out["input"]), composer_formula(nhwc, mean, std, -1))
+    assert set(out) == {"input", "target", "id"} and np.array_equal(np.asarray(out["target"]), target)
+    floats = nhwc.astype(np.float32) + 0.5  # not pixels: the same formula in arithmetic
+    np.testing.assert_allclose(np.asarray(jax.jit(NormalizationFn(mean, std, channels_axis=-1))(
+        {"input": floats, "target": target})["input"]), composer_formula(floats, mean, std, -1), rtol=1e-6)
+
+
+def test_a_composer_script_with_device_transforms_trains_as_the_formula_on_the_host():
+    from jaxcomposer.data import NormalizationFn
+    mean, std = 255 * DIGITS_MEAN, 255 * DIGITS_STD
+    train, evals = uint8_loaders()
+    d = dict(load_digits("train"))
+    host_train = ArrayLoader({**d, "input": composer_formula(d["input"], mean, std, -1)}, 32, shuffle=True, seed=0,
+                             drop_last=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Composer's former name, still taken
+        spec = DataSpec(train, device_transforms=NormalizationFn([mean], [std], channels_axis=-1))
+    on_device, on_host = fit(spec, None), fit(host_train, None)
+    for a, b in zip(leaves(on_device.state.train_state.params), leaves(on_host.state.train_state.params)):
+        np.testing.assert_array_equal(a, b)
