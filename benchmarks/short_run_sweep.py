@@ -70,6 +70,7 @@ def run_one(duration: str, seed: int, algorithms: dict, overrides: list[str], fl
     import numpy as np
     from jaxcomposer import config as config_lib
     from jaxcomposer.core.method import Method
+    from jaxcomposer.data import data_spec
     from jaxcomposer.runner import build_trainer, use_compilation_cache
     from jaxcomposer.trainer import step as steps
 
@@ -93,9 +94,12 @@ def run_one(duration: str, seed: int, algorithms: dict, overrides: list[str], fl
     trainer.fit()
     fit_s = time.perf_counter() - start
 
+    normalize = data_spec.whole_batch_transform(trainer._eval_spec)  # fit's loaders yield uint8 images
+
     @jax.jit
     def both_logits(state, x):
         params, model_state = steps.eval_weights(trainer.composed, state, trainer.run_info)
+        x = x if normalize is None else normalize({"input": x})["input"]
         plain, _ = trainer.task.forward(params, model_state, {"input": x}, train=False)
         mirrored, _ = trainer.task.forward(params, model_state, {"input": jnp.flip(x, 2)}, train=False)
         return plain, mirrored

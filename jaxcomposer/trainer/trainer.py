@@ -264,7 +264,7 @@ class Trainer(ReadsPlan):
         becomes ``timestamp + duration``, so schedules and methods plan with the new length (and the step is
         compiled again). Either argument makes a new plan; a call without them continues the current one."""
         if train_dataloader is not None:
-            train_dataloader, self._train_spec = data_spec.unwrap(train_dataloader)
+            train_dataloader, self._train_spec = self._unwrap(train_dataloader)
             self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         if duration is not None:
             d = options.parse_duration(duration, "duration")
@@ -385,7 +385,7 @@ class Trainer(ReadsPlan):
 
     def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str) -> dict[str, float]:
         """Evaluation itself; the fit loop calls it directly (the module is written back at the end of fit)."""
-        loader, spec = data_spec.unwrap(eval_dataloader) if eval_dataloader is not None else \
+        loader, spec = self._unwrap(eval_dataloader) if eval_dataloader is not None else \
             (self.eval_dataloader, self._eval_spec)
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
@@ -423,7 +423,7 @@ class Trainer(ReadsPlan):
 
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
         self._sync_model()
-        dataloader, spec = data_spec.unwrap(dataloader)
+        dataloader, spec = self._unwrap(dataloader)
         fn = self._predict_fn(data_spec.whole_batch_transform(spec))
         outputs = []
         self._fire(Event.PREDICT_START)
@@ -565,6 +565,17 @@ class Trainer(ReadsPlan):
 
     def _example_batch(self) -> dict:
         return as_batch(self._first_raw_batch())
+
+    def _unwrap(self, loader) -> tuple:
+        """``data_spec.unwrap``, except that the Trainer's own loader (``trainer.eval_dataloader`` passed back to
+        ``eval``, ``predict`` or ``fit``) keeps the DataSpec it came in: its batches are only right with those
+        transforms (``fit`` hands the Trainer uint8 images, normalized in the step)."""
+        loader, spec = data_spec.unwrap(loader)
+        if spec is None:
+            for own, own_spec in ((self.train_dataloader, self._train_spec), (self.eval_dataloader, self._eval_spec)):
+                if loader is own and own is not None:
+                    return loader, own_spec
+        return loader, spec
 
     def _model_batch(self, batch: dict) -> dict:
         """A host batch as the model sees it: after the train (else eval) DataSpec's transforms, run eagerly here

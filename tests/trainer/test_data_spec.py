@@ -200,3 +200,15 @@ def test_a_composer_script_with_device_transforms_trains_as_the_formula_on_the_h
     on_device, on_host = fit(spec, None), fit(host_train, None)
     for a, b in zip(leaves(on_device.state.train_state.params), leaves(on_host.state.train_state.params)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_trainers_own_loaders_passed_back_keep_their_transforms(host_normalized, in_step):
+    # fit() hands the Trainer uint8 loaders in DataSpecs: trainer.eval_dataloader passed back must stay normalized
+    assert in_step.eval(in_step.eval_dataloader) == host_normalized.eval(host_normalized.eval_dataloader)
+    got = in_step.predict(in_step.eval_dataloader, subset_num_batches=1)
+    want = host_normalized.predict(host_normalized.eval_dataloader, subset_num_batches=1)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert in_step._unwrap(in_step.train_dataloader)[1] is in_step._train_spec  # fit(train_dataloader=...) too
+    got = in_step.predict(in_step.train_dataloader, subset_num_batches=1)
+    want = host_normalized.predict(host_normalized.train_dataloader, subset_num_batches=1)
+    np.testing.assert_array_equal(got[0], want[0])
