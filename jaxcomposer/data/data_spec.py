@@ -113,6 +113,12 @@ def whole_batch_transform(spec: DataSpec | None) -> BatchTransform | None:
     return None if spec is None else spec._whole_batch
 
 
+def transform_key(spec: DataSpec | None) -> tuple | None:
+    """What a compiled step's transforms are, for caching it: the user's functions (a new DataSpec around the same
+    functions finds the step compiled for an earlier one)."""
+    return None if spec is None or spec._whole_batch is None else (spec.batch_transforms, spec.microbatch_transforms)
+
+
 def _in_step(fn: BatchTransform, name: str) -> BatchTransform:
     """``fn`` as the compiled steps call it: a failure while tracing names the argument and says why it runs there;
     an ``(input, target)`` pair it returns becomes the batch dict."""

@@ -250,7 +250,7 @@ class Trainer(ReadsPlan):
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
         self._lr_tables: dict[int, np.ndarray] = {}
         self._train_steps: dict = {}
-        self._eval_steps: dict = {}  # by the DataSpec transform they run (None: none)
+        self._eval_steps: dict = {}  # by the DataSpec transforms they run (data_spec.transform_key)
         self._predict_steps: dict = {}
         if getattr(self, "state", None) is not None:
             self.state.plan = self.plan
@@ -389,13 +389,13 @@ class Trainer(ReadsPlan):
             (self.eval_dataloader, self._eval_spec)
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
-        transform = data_spec.whole_batch_transform(spec)
+        key = data_spec.transform_key(spec)
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
-        if transform not in self._eval_steps and host is None:
-            self._eval_steps[transform] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
+        if key not in self._eval_steps and host is None:
+            self._eval_steps[key] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
                 self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision,
-                batch_transform=transform), self.mesh, self.state_shardings))
+                batch_transform=data_spec.whole_batch_transform(spec)), self.mesh, self.state_shardings))
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -407,11 +407,11 @@ class Trainer(ReadsPlan):
             batch = as_batch(raw)
             count += _batch_size(batch)
             if host is not None:  # unpadded: the metrics see exactly the loader's examples
-                host.update(batch, self._predict_fn(transform)(self.state.train_state, batch))
+                host.update(batch, self._predict_fn(spec)(self.state.train_state, batch))
             else:  # each batch's sums stay on the device until the end: no sync per batch
                 pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
                 padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
-                parts.append(self._eval_steps[transform](self.state.train_state, *padded))
+                parts.append(self._eval_steps[key](self.state.train_state, *padded))
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -424,7 +424,7 @@ class Trainer(ReadsPlan):
     def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
         self._sync_model()
         dataloader, spec = self._unwrap(dataloader)
-        fn = self._predict_fn(data_spec.whole_batch_transform(spec))
+        fn = self._predict_fn(spec)
         outputs = []
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
@@ -444,11 +444,13 @@ class Trainer(ReadsPlan):
         return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
                                           weights_only=weights_only)
 
-    def _predict_fn(self, transform: Callable | None = None) -> Callable:
-        if transform not in self._predict_steps:
-            self._predict_steps[transform] = steps.collector_paused(jax.jit(steps.make_predict_step(
-                self.task, self.composed, self.run_info, precision=self.precision, batch_transform=transform)))
-        return self._predict_steps[transform]
+    def _predict_fn(self, spec: data_spec.DataSpec | None = None) -> Callable:
+        key = data_spec.transform_key(spec)
+        if key not in self._predict_steps:
+            self._predict_steps[key] = steps.collector_paused(jax.jit(steps.make_predict_step(
+                self.task, self.composed, self.run_info, precision=self.precision,
+                batch_transform=data_spec.whole_batch_transform(spec))))
+        return self._predict_steps[key]
 
     def _sync_model(self) -> None:
         """Write the current weights into the module the user passed (``state.model``), as Composer's model object

@@ -212,3 +212,11 @@ def test_the_trainers_own_loaders_passed_back_keep_their_transforms(host_normali
     got = in_step.predict(in_step.train_dataloader, subset_num_batches=1)
     want = host_normalized.predict(host_normalized.train_dataloader, subset_num_batches=1)
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_a_new_data_spec_around_the_same_functions_reuses_the_compiled_steps(in_step):
+    _, evals = uint8_loaders()
+    in_step.eval(DataSpec(evals, batch_transforms=NORMALIZE))
+    compiled = dict(in_step._eval_steps)
+    in_step.eval(DataSpec(evals, batch_transforms=NORMALIZE), subset_num_batches=1)
+    assert in_step._eval_steps == compiled  # no new step for an equal DataSpec
