@@ -359,6 +359,9 @@ class Trainer(ReadsPlan):
                     self._preempted(stop_signal)
                 continue
             break
+        # the prefetcher read a few batches ahead, and how many depends on timing: leave the loader where training
+        # is, so its position after fit is what was trained (and the same in a resumed run as in a straight one)
+        self._seek_train_data()
         if self.eval_dataloader is not None and self.eval_interval is not None \
                 and last_eval_batch != st.timestamp.batch:
             self._run_eval()  # the final weights always get evaluated

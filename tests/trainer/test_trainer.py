@@ -365,3 +365,13 @@ def test_compiled_steps_run_with_the_cyclic_collector_paused_and_restored():
     with pytest.raises(ValueError, match="boom"):
         collector_paused(fails)()
     assert gc.isenabled() and seen == [False, False]
+
+
+def test_after_fit_the_loader_stands_where_training_stopped_not_where_the_prefetcher_read():
+    from jaxcomposer import Trainer
+    train, _ = loaders(batch_size=32)  # 42 batches per epoch
+    trainer = Trainer(model=mlp_task(), train_dataloader=train, max_duration="10ba", seed=0, progress_bar=False)
+    trainer.fit()
+    assert train.get_state()["epoch"] == 0 and train.get_state()["batch_index"] == 10
+    trainer.fit(duration="32ba")  # to the epoch's end
+    assert train.get_state()["epoch"] == 1 and train.get_state()["batch_index"] == 0
