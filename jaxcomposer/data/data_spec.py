@@ -79,7 +79,7 @@ class DataSpec:
         self.batch_transforms, self.microbatch_transforms = batch_transforms, microbatch_transforms
         self.get_num_samples_in_batch = get_num_samples_in_batch
         self.get_num_tokens_in_batch = get_num_tokens_in_batch
-        # made once, so the Trainer's compiled steps (cached by the transform they run) are found again
+        # the transforms as the compiled steps call them (the Trainer caches those steps by transform_key)
         self._in_step = tuple(None if fn is None else _in_step(fn, name) for fn, name in (
             (batch_transforms, "batch_transforms"), (microbatch_transforms, "microbatch_transforms")))
         self._whole_batch = _then(*self._in_step)

@@ -193,6 +193,12 @@ def test_prefetch_preserves_order_and_values():
         np.testing.assert_array_equal(np.asarray(g["y"]), e["y"])
 
 
+def test_prefetch_places_with_the_given_function():
+    batches = [{"x": np.full((2,), i)} for i in range(3)]
+    got = list(prefetch_to_device(iter(batches), place=lambda b: {"x": b["x"] + 10}))
+    assert [int(g["x"][0]) for g in got] == [10, 11, 12]
+
+
 def test_prefetch_propagates_exceptions_in_position():
     def source():
         yield {"a": np.ones(2)}

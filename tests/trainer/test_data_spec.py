@@ -12,7 +12,6 @@ import pytest
 
 from jaxcomposer import DataSpec, Trainer
 from jaxcomposer.data import DIGITS_MEAN, DIGITS_STD, ArrayLoader, load_digits
-from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.optim import DecoupledSGDW
 from jaxcomposer.data import NormalizeImages
@@ -153,12 +152,6 @@ def test_an_eager_torch_style_transform_is_named_and_nothing_trains():
     assert trainer.state.timestamp.batch == 0
     for a, b in zip(leaves(trainer.state.train_state.params), before):
         np.testing.assert_array_equal(a, b)
-
-
-def test_prefetch_places_with_the_given_function():
-    batches = [{"x": np.full((2,), i)} for i in range(3)]
-    got = list(prefetch_to_device(iter(batches), place=lambda b: {"x": b["x"] + 10}))
-    assert [int(g["x"][0]) for g in got] == [10, 11, 12]
 
 
 # -- Composer's NormalizationFn --------------------------------------------------------------------------------------
