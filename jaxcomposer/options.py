@@ -175,7 +175,9 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
                                           "torch arrays), or a DataSpec around one (its transforms run in the "
                                           "compiled step); loaders with set_state/set_epoch resume exactly"),
     Option("eval_dataloader", Any, None, "batches for eval(), or a DataSpec around them; padded and masked so "
-                                         "every example counts once"),
+                                         "every example counts once. Several sets: a list of Evaluator(label, "
+                                         "dataloader, metric_names, subset_num_batches, eval_interval), each "
+                                         "logged as metrics/<label>/<name>"),
     Option("optimizers", Any, None, "an optax GradientTransformation (DecoupledSGDW, DecoupledAdamW or any optax "
                                     "one) or a one-element list of it; default DecoupledSGDW(lr=0.1), as Composer"),
     Option("schedulers", Any, None, "Composer schedulers from jaxcomposer.optim, one or a list; their multipliers "
@@ -185,6 +187,8 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
     Option("callbacks", Any, None, "host callbacks run at Composer's events"),
     Option("loggers", Any, None, "logger destinations (jaxcomposer.loggers)"),
     Option("devices", Any, None, "the devices of the data-parallel mesh (default: all)"),
+    Option("device", Any, None, "Composer's device: 'cpu', 'gpu' or 'tpu' (every device of that platform) or one "
+                                "JAX device; default: JAX's default platform"),
 )
 
 TRAINER_OPTIONS: dict[str, Option] = {o.name: o for o in TRAINER_OBJECTS + RUN_OPTIONS}

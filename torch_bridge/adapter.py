@@ -15,8 +15,8 @@ import torch
 from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
-from .composer_model import TorchComposerTask, is_composer_model
-from . import functional, kernels, methods
+from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
+from . import classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
@@ -46,8 +46,23 @@ def _blurpool(module: torch.nn.Module, *, replace_convs: bool, replace_maxpools:
 
 
 def _to_task(module):
-    """Composer's ``ComposerModel`` protocol (a ``loss`` method next to ``forward(batch)``) becomes its own task."""
+    """Composer's ``ComposerModel`` protocol (a ``loss`` method next to ``forward(batch)``) becomes its own task;
+    a ``ComposerClassifier`` with Composer's default loss and metrics trains them inside the compiled steps."""
+    if isinstance(module, classifier.ComposerClassifier):
+        task = classifier.as_task(module)
+        if task is not None:
+            return task
     return TorchComposerTask(module) if is_composer_model(module) else None
+
+
+def _seed(seed: int) -> None:
+    """What Composer's ``seed_all`` seeds of torch: the CPU generator and every CUDA device's."""
+    torch.manual_seed(seed)
+
+
+def _draw_seed() -> int:
+    """One draw from torch's global generator: a functional form's key, so ``torch.manual_seed`` governs it."""
+    return int(torch.randint(0, 2**31 - 1, ()).item())
 
 
 ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure_model=_to_pure_model,
@@ -56,4 +71,7 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                   from_array=functional.from_array, data_format="NCHW", no_grad=torch.no_grad,
                   functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
                               "apply_gradient_clipping": functional.apply_gradient_clipping},
-                  kernels={"conv_general_dilated": kernels.conv_general_dilated})
+                  kernels={"conv_general_dilated": kernels.conv_general_dilated},
+                  classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
+                           "ComposerClassifier": classifier.ComposerClassifier},
+                  seed=_seed, draw_seed=_draw_seed)

@@ -9,6 +9,7 @@ touch torch never import it). See docs/design.md, "The torch bridge".
 from __future__ import annotations
 
 import functools
+import sys
 from importlib import metadata
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -41,6 +42,12 @@ class Adapter(NamedTuple):
     arrays (``compute_ema`` updates a torch EMA module in place, as Composer's does); called with the caller's
     arguments as given. ``kernels``: kernel name -> a JAX function the framework's libraries provide a faster
     implementation of (torch: ``'conv_general_dilated'``, oneDNN convolutions on CPU); see :func:`kernel`.
+
+    ``classes``: Composer's classes for the framework's users by name (torch: ``ComposerModel``,
+    ``HuggingFaceModel``, ``ComposerClassifier``), the objects ``jaxcomposer.models`` hands out for those names
+    (see :func:`provided`). ``seed(n)``: seed the framework's global generators (Composer's ``seed_all``);
+    ``draw_seed()``: a seed drawn from the framework's global generator, for a random functional form called with
+    the framework's arrays and no ``key`` (so ``torch.manual_seed`` governs it, as in Composer).
     """
 
     is_model: Callable[[Any], bool]
@@ -55,6 +62,9 @@ class Adapter(NamedTuple):
     no_grad: Callable[[], Any] | None = None
     functional: Mapping[str, Callable] = {}
     kernels: Mapping[str, Callable] = {}
+    classes: Mapping[str, Any] = {}
+    seed: Callable[[int], None] | None = None
+    draw_seed: Callable[[], int] | None = None
 
 
 @functools.cache
@@ -125,3 +135,32 @@ def kernel(framework: str, name: str, *, wanted_by: str) -> Callable:
         raise ConfigurationError(f"{wanted_by}: the {framework!r} adapter provides no kernel {name!r}; it has "
                                  f"{sorted(provided) or 'none'}.")
     return provided[name]
+
+
+def provided(obj: Any, name: str) -> Any:
+    """The class ``name`` that the adapter of ``obj``'s framework provides for ``obj`` (``ComposerClassifier`` for a
+    torch module), or None when ``obj`` is not another framework's model or its adapter has no such class."""
+    adapter = model_adapter(obj)
+    return None if adapter is None else adapter.classes.get(name)
+
+
+def framework_class(framework: str, name: str, *, wanted_by: str) -> Any:
+    """The class ``name`` that ``framework``'s adapter provides (loading it, and so the framework)."""
+    if framework not in _entry_points():
+        raise ImportError(f"{wanted_by} is a {framework} class: it needs the {framework!r} adapter (entry point "
+                          f"group {GROUP!r}), which is not installed; install jaxcomposer with its torch bridge")
+    classes = _load(framework).classes
+    if name not in classes:
+        raise ImportError(f"{wanted_by}: the {framework!r} adapter provides no class {name!r}; it has {sorted(classes)}")
+    return classes[name]
+
+
+def seed_frameworks(seed: int, *, load: bool) -> None:
+    """Seed every adapter's framework generators; with ``load``, load installed adapters first (an explicit
+    ``seed_all``), else seed only frameworks this process has imported (the Trainer: a torch DataLoader or model
+    means torch is imported)."""
+    for name in _entry_points():
+        if load or name in sys.modules:
+            adapter = _load(name)
+            if adapter.seed is not None:
+                adapter.seed(seed)

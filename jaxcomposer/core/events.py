@@ -84,6 +84,41 @@ class RunState(ReadsPlan):
     learning_rate: Any = None
     stop_requested: bool = False
     stop_reason: str = ""
+    # ---- Composer's State fields, set by the Trainer ----
+    optimizers: list = dataclasses.field(default_factory=list)
+    schedulers: list = dataclasses.field(default_factory=list)
+    seed: int | None = None
+    precision: str = "fp32"
+    device: Any = None
+    dataloader: Any = None
+    batch: Any = None
+
+    @property
+    def rank_zero_seed(self) -> int | None:
+        """Composer's name for the run's seed (every process trains with the same one here)."""
+        return self.seed
+
+    @property
+    def loss(self) -> Any:
+        """The last train batch's loss, a device scalar (``float(state.loss)`` waits for its step; nothing is read
+        unless a callback asks)."""
+        return self.batch_metrics.get("loss")
+
+    @property
+    def outputs(self) -> Any:
+        raise AttributeError("state.outputs: the model's outputs stay inside the compiled train step (keeping them "
+                             "would cost a device-to-host copy per batch); compute what you need from them with a "
+                             "metric (get_metrics) or call trainer.predict")
+
+    @property
+    def train_metrics(self) -> dict:
+        raise AttributeError("state.train_metrics: train metrics (get_metrics(is_train=True)) are not computed "
+                             "during training yet; evaluate on the train set with an Evaluator(label='train', ...) "
+                             "to get them under state.eval_metrics['train']")
+
+    @property
+    def max_duration_in_batches(self) -> int:
+        return self.plan.total_steps
 
     def stop_training(self, reason: str = "") -> None:
         self.stop_requested = True
@@ -101,6 +136,14 @@ class RunState(ReadsPlan):
     def dataloader_len(self) -> Time | None:
         """Batches per epoch as a ``ba`` Time (None for a loader without ``len()``), as Composer's State."""
         return None if self.steps_per_epoch is None else Time(self.steps_per_epoch, "ba")
+
+
+class MetricValue(float):
+    """A computed metric: a float that also answers Composer's ``metric.compute()`` (callbacks written for
+    Composer read ``state.eval_metrics[label][name].compute()``; jaxcomposer's own read the float)."""
+
+    def compute(self) -> float:
+        return float(self)
 
 
 class Callback:

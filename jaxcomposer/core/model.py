@@ -221,6 +221,12 @@ class Task:
         self._pure = value
 
     @property
+    def user_model(self) -> Any:
+        """The model as the user sees it (``state.model``): ``source``, unless a wrapper holds it (a torch
+        ``ComposerClassifier``, whose ``module`` is the source)."""
+        return self.source
+
+    @property
     def is_bound(self) -> bool:
         return self._pure is not None
 

@@ -42,3 +42,14 @@ __all__ = ["BUILDERS", "MODEL_KINDS", "ConvNet", "GPT", "GPT2_SIZES", "gpt2", "M
            "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "ComposerClassifier",
            "ComposerCausalLM", "num_params", "ViT", "VIT_SIZES", "vit", "BERT", "BERT_SIZES", "bert",
            "ComposerMaskedLM"]
+
+# Composer's torch-side model classes, for Composer scripts: ``from jaxcomposer.models import ComposerModel`` is
+# torch_bridge's (a torch nn.Module), loaded through the torch adapter only when asked for
+_TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel")
+
+
+def __getattr__(name: str):
+    if name in _TORCH_CLASSES:
+        from jaxcomposer.core import adapters
+        return adapters.framework_class("torch", name, wanted_by=f"jaxcomposer.models.{name}")
+    raise AttributeError(f"module 'jaxcomposer.models' has no attribute {name!r}")

@@ -45,6 +45,23 @@ class ComposerClassifier(Task):
     input_key = "input"
     target_key = "target"
 
+    def __new__(cls, module: Any = None, *args, **kwargs):
+        # A torch module gets Composer's own wrapper, a torch nn.Module (model.parameters(), model(batch), ...),
+        # from the torch adapter; jaxcomposer never imports torch itself
+        if cls is ComposerClassifier:
+            foreign = adapters.provided(module, "ComposerClassifier")
+            if foreign is not None:
+                return foreign(module, *args, **kwargs)
+        return super().__new__(cls)
+
+    @classmethod
+    def for_module(cls, module: Any, *args, **kwargs) -> "ComposerClassifier":
+        """This task around ``module`` whatever its framework: a torch module too, without Composer's torch
+        wrapper (the Trainer's own path for a bare torch module, whose ``state.model`` is then the module)."""
+        task = object.__new__(cls)
+        task.__init__(module, *args, **kwargs)
+        return task
+
     def __init__(self, module: Any, num_classes: int | None = None,
                  loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = soft_cross_entropy, *,
                  val_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):

@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,8 @@ import numpy as np
 import optax
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
-from jaxcomposer.core.events import Callback, Event, ReadsPlan, RunPlan, RunState
+from jaxcomposer.core.evaluator import Evaluator, as_evaluators, check_metric_names
+from jaxcomposer.core.events import Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
@@ -40,6 +41,7 @@ from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDesti
 from jaxcomposer.optim import DecoupledSGDW, compose_schedules
 from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
+from jaxcomposer.utils import reproducibility
 
 _LR_TABLE_STEPS = 4096  # steps per host-side table of the LR multiplier (Trainer._lr_multiplier_on_host)
 # Steps the host may queue past its oldest unread non-finite flag. Reading each step's flag one step late woke the
@@ -88,23 +90,26 @@ class Trainer(ReadsPlan):
                  load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None,
                  parallelism_config: dict | None = None, fsdp_config: dict | None = None,
-                 device_memory_bytes: int | None = None, steps_per_execution: int = 1):
+                 device_memory_bytes: int | None = None, steps_per_execution: int = 1, device: Any = None):
         # ---- validate (nothing compiled or written yet) ----
         a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
         if adapters.is_foreign_model(model):
             # a torch ComposerModel (forward(batch) + its own loss) is its own task; a bare torch module is a
             # classifier, as Composer's ComposerClassifier(module)
             from jaxcomposer.models.tasks import ComposerClassifier
-            model = adapters.as_task(model) or ComposerClassifier(model)
+            model = adapters.as_task(model) or ComposerClassifier.for_module(model)
         if not isinstance(model, Task):
             raise ConfigurationError(
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
         # a DataSpec (Composer's): its transforms run inside the compiled steps, its counters on the host
-        (train_dataloader, self._train_spec), (eval_dataloader, self._eval_spec) = \
-            data_spec.unwrap(train_dataloader), data_spec.unwrap(eval_dataloader)
+        user_train_dataloader = train_dataloader
+        train_dataloader, self._train_spec = data_spec.unwrap(train_dataloader)
         train_dataloader = _as_loader(train_dataloader, "train_dataloader")
-        eval_dataloader = _as_loader(eval_dataloader, "eval_dataloader")
+        self.eval_interval = options.parse_interval(a.eval_interval, "eval_interval")
+        self._eval_sets = [self._eval_set(ev) for ev in as_evaluators(eval_dataloader)]
+        eval_dataloader, self._eval_spec = (self._eval_sets[0].loader, self._eval_sets[0].spec) if self._eval_sets \
+            else (None, None)
         self.precision = a.precision or "fp32"
         schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
             else [schedulers]
@@ -117,12 +122,13 @@ class Trainer(ReadsPlan):
                                      "(as in Composer), so pass schedulers=... too.")
         max_duration = None if a.max_duration is None else \
             _scale(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
-        self.eval_interval = options.parse_interval(a.eval_interval, "eval_interval")
         self.composed = compose(algorithms)  # raises on method conflicts
         self.seed = a.seed if a.seed is not None else random.randrange(2**31)
+        # as Composer's Trainer: the user's own draws (a torch DataLoader's shuffle) repeat with the seed
+        reproducibility.seed_imported(self.seed)
         self.run_name = a.run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         self.run_dir = Path(a.run_dir).absolute() if a.run_dir is not None else None
-        devices = list(devices) if devices is not None else jax.devices()
+        devices = _devices(device, devices)
         self.parallelism = parallel.parse_parallelism(a.parallelism_config, a.fsdp_config, len(devices),
                                                       num_processes=jax.process_count())
         self.mesh = parallel.make_mesh(self.parallelism, devices)
@@ -155,6 +161,7 @@ class Trainer(ReadsPlan):
                                          f"{len(optimizers)}; combine parameter groups with optax.multi_transform")
             optimizers = optimizers[0]
         self.optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
+        self.user_optimizer = self.optimizer  # what state.optimizers shows: the object the user passed
         self.base_lr = getattr(self.optimizer, "lr", None)
         # ours compile into the step; Composer-style functions of the run state are called on the host each batch
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
@@ -174,6 +181,10 @@ class Trainer(ReadsPlan):
         # torchmetrics) has none here
         self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
             self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
+        metric_names = list(self.task.host_metrics().metrics) if hasattr(self.task, "host_metrics") \
+            else list(self._eval_metrics)
+        for ev in self._eval_sets:
+            check_metric_names(ev, metric_names)
         if not self.task.is_bound:
             raw = self._first_raw_batch()
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
@@ -213,7 +224,9 @@ class Trainer(ReadsPlan):
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
-                              train_state=state, model=self.task.source, learning_rate=self._lr_at)
+                              train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
+                              optimizers=[self.user_optimizer], schedulers=list(schedulers), seed=self.seed,
+                              precision=self.precision, device=devices[0], dataloader=user_train_dataloader)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
@@ -313,7 +326,7 @@ class Trainer(ReadsPlan):
                         st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
                     else:
                         metrics = chunk_metrics[i]
-                    st.batch_size = n
+                    st.batch_size, st.batch = n, batch
                     st.timestamp = st.timestamp.to_next_batch(
                         samples=self._count_samples(batch), tokens=self._count_tokens(batch),
                         duration=self._since_mark())
@@ -326,8 +339,7 @@ class Trainer(ReadsPlan):
                     self.logger.log_metrics({"loss/train/total": metrics["loss"]})
                     self._fire(Event.BATCH_END)
                     # (a chunk ends where an evaluation or a checkpoint is due: _chunk_length)
-                    if self._eval_due(TimeUnit.BATCH):
-                        self._run_eval()
+                    if self._run_eval(TimeUnit.BATCH):
                         last_eval_batch = st.timestamp.batch
                     epoch_complete = bool(self.steps_per_epoch) and \
                         st.timestamp.batch_in_epoch >= self.steps_per_epoch
@@ -349,8 +361,7 @@ class Trainer(ReadsPlan):
                 st.timestamp = st.timestamp.to_next_epoch(
                     duration=self._since_mark())
                 self._fire(Event.EPOCH_END)
-                if self._eval_due(TimeUnit.EPOCH):
-                    self._run_eval()
+                if self._run_eval(TimeUnit.EPOCH):
                     last_eval_batch = st.timestamp.batch
                 if self._due(self.save_interval, TimeUnit.EPOCH) or \
                         self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
@@ -362,9 +373,8 @@ class Trainer(ReadsPlan):
         # the prefetcher read a few batches ahead, and how many depends on timing: leave the loader where training
         # is, so its position after fit is what was trained (and the same in a resumed run as in a straight one)
         self._seek_train_data()
-        if self.eval_dataloader is not None and self.eval_interval is not None \
-                and last_eval_batch != st.timestamp.batch:
-            self._run_eval()  # the final weights always get evaluated
+        if last_eval_batch != st.timestamp.batch:
+            self._run_eval(None)  # the final weights always get evaluated (by every set with an interval)
         self._check_finite()
         if self.store is not None:
             if self._last_saved != st.timestamp.batch:
@@ -383,21 +393,48 @@ class Trainer(ReadsPlan):
 
     def eval(self, eval_dataloader: Iterable | None = None, subset_num_batches: int = -1,
              label: str = "eval") -> dict[str, float]:
+        """Evaluate now, as Composer's ``Trainer.eval``: ``eval_dataloader`` (a loader, a DataSpec, an Evaluator
+        or a list of them; default: the Trainer's evaluation sets) under ``label`` (an Evaluator's own label wins).
+        Returns the metrics of the last set evaluated; all of them are in ``state.eval_metrics[label]``."""
         self._sync_model()  # asked by the user: their module holds the weights being evaluated
-        return self._evaluate(eval_dataloader, subset_num_batches, label)
+        if eval_dataloader is None and self._eval_sets:
+            sets = self._eval_sets
+        elif isinstance(eval_dataloader, (Evaluator, list, tuple)):
+            sets = [self._eval_set(ev) for ev in as_evaluators(eval_dataloader)]
+        else:
+            return self._evaluate(eval_dataloader, subset_num_batches, label)
+        metrics = {}
+        for ev in sets:
+            metrics = self._evaluate(ev.loader, subset_num_batches if subset_num_batches != -1 else ev.subset,
+                                     ev.label, spec=ev.spec, metric_names=ev.metric_names)
+        return metrics
 
-    def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str) -> dict[str, float]:
+    def _eval_set(self, ev: Evaluator) -> "_EvalSet":
+        """An Evaluator with its loader converted (a torch DataLoader wrapped), its DataSpec and interval parsed."""
+        loader, spec = data_spec.unwrap(ev.dataloader)
+        interval = ev.eval_interval if callable(ev.eval_interval) else self.eval_interval \
+            if ev.eval_interval is None else options.parse_interval(ev.eval_interval, f"Evaluator({ev.label!r}).eval_interval")
+        return _EvalSet(ev.label, _as_loader(loader, f"Evaluator({ev.label!r}).dataloader"), spec,
+                        None if ev.metric_names is None else tuple(ev.metric_names),
+                        -1 if ev.subset_num_batches is None else ev.subset_num_batches, interval)
+
+    def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str, *,
+                  spec: Any = None, metric_names: tuple[str, ...] | None = None) -> dict[str, float]:
         """Evaluation itself; the fit loop calls it directly (the module is written back at the end of fit)."""
-        loader, spec = self._unwrap(eval_dataloader) if eval_dataloader is not None else \
-            (self.eval_dataloader, self._eval_spec)
+        loader, spec = self._unwrap(eval_dataloader) if spec is None and eval_dataloader is not None else \
+            (eval_dataloader, spec) if eval_dataloader is not None else (self.eval_dataloader, self._eval_spec)
         if loader is None:
             raise ConfigurationError("eval_dataloader: required to evaluate")
-        key = data_spec.transform_key(spec)
+        eval_metrics = self._eval_metrics if metric_names is None else \
+            {name: m for name, m in self._eval_metrics.items() if name in metric_names}
+        key = (data_spec.transform_key(spec), metric_names)
         # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
         host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
+        if host is not None and metric_names is not None:
+            host.metrics = {name: m for name, m in host.metrics.items() if name in metric_names}
         if key not in self._eval_steps and host is None:
             self._eval_steps[key] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
-                self.task, self.composed, self.run_info, self._eval_metrics, precision=self.precision,
+                self.task, self.composed, self.run_info, eval_metrics, precision=self.precision,
                 batch_transform=data_spec.whole_batch_transform(spec)), self.mesh, self.state_shardings))
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
@@ -418,7 +455,8 @@ class Trainer(ReadsPlan):
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
-        metrics = host.compute() if host is not None else compute_all(self._eval_metrics, sum_states(parts))
+        metrics = host.compute() if host is not None else compute_all(eval_metrics, sum_states(parts))
+        metrics = {name: MetricValue(value) for name, value in metrics.items()}
         self.state.eval_metrics[label] = metrics
         self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
         self._fire(Event.EVAL_END)
@@ -428,6 +466,9 @@ class Trainer(ReadsPlan):
         self._sync_model()
         dataloader, spec = self._unwrap(dataloader)
         fn = self._predict_fn(spec)
+        # a torch model's outputs come back as torch tensors, as Composer's predict gives them
+        adapter = adapters.model_adapter(self.task.source)
+        to_user = (lambda x: adapter.from_array(None, x)) if adapter is not None else np.asarray
         outputs = []
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
@@ -435,7 +476,7 @@ class Trainer(ReadsPlan):
                 break
             out = fn(self.state.train_state, as_batch(raw))
             if return_outputs:
-                outputs.append(jax.tree.map(np.asarray, out))
+                outputs.append(jax.tree.map(to_user, out))
             self._fire(Event.PREDICT_BATCH_END)
         self._fire(Event.PREDICT_END)
         return outputs
@@ -616,17 +657,19 @@ class Trainer(ReadsPlan):
         elif hasattr(loader, "set_epoch"):
             loader.set_epoch(ts.epoch)
 
-    def _run_eval(self) -> None:
-        self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
-        if self.eval_dataloader is not None:
-            self._evaluate(None, -1, "eval")
+    def _run_eval(self, unit: TimeUnit | None) -> bool:
+        """Evaluate the sets due at this ``unit``'s boundary (``None``: every set with an interval, at the end of
+        fit); whether any was."""
+        due = [ev for ev in self._eval_sets if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
+        if due:
+            self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
+        for ev in due:
+            self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
+        return bool(due)
 
     def _done(self) -> bool:
         ts = self.state.timestamp
         return ts.get(self.max_duration.unit).value >= self.max_duration.value
-
-    def _eval_due(self, unit: TimeUnit) -> bool:
-        return self.eval_dataloader is not None and self._due(self.eval_interval, unit)
 
     def _lr_at(self, step: int) -> float | None:
         """The LR at ``step``; a Composer-style function scheduler contributes its latest value."""
@@ -699,7 +742,7 @@ class Trainer(ReadsPlan):
             return 1
         if self.steps_per_epoch:
             k = min(k, self.steps_per_epoch - int(ts.batch_in_epoch))
-        due = [self.eval_interval] if self.eval_dataloader is not None else []
+        due = [ev.interval for ev in self._eval_sets]
         due += [self.save_interval] if self.store is not None else []
         for interval in due:
             if callable(interval):
@@ -887,6 +930,43 @@ class _PreemptionGuard:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         return False
+
+
+class _EvalSet(NamedTuple):
+    """An :class:`Evaluator` as the Trainer runs it: its loader converted, its DataSpec apart, its interval parsed
+    (the Trainer's when it set none; None: only when asked)."""
+
+    label: str
+    loader: Any
+    spec: Any
+    metric_names: tuple[str, ...] | None
+    subset: int
+    interval: Any
+
+
+_PLATFORMS = {"cpu": ("cpu",), "gpu": ("gpu", "cuda", "rocm"), "cuda": ("cuda", "gpu"), "tpu": ("tpu",)}
+
+
+def _devices(device: Any, devices: Sequence | None) -> list:
+    """The mesh's devices from Composer's ``device`` ('cpu', 'gpu', 'tpu', or one JAX device) and/or ``devices``."""
+    if device is None:
+        return list(devices) if devices is not None else jax.devices()
+    if devices is not None:
+        raise ConfigurationError(f"device={device!r} and devices=... both given; pass one (device picks a platform, "
+                                 "devices lists the mesh's devices)")
+    if isinstance(device, jax.Device):
+        return [device]
+    name = getattr(device, "name", device) if not isinstance(device, str) else device
+    if not isinstance(name, str) or name.lower() not in _PLATFORMS:
+        raise ConfigurationError(f"device: got {device!r}, expected 'cpu', 'gpu' or 'tpu' (or a jax.Device)")
+    for platform in _PLATFORMS[name.lower()]:
+        try:
+            return jax.devices(platform)
+        except RuntimeError:
+            continue
+    raise ConfigurationError(f"device: {device!r} asked for, but JAX has no such device here (it has "
+                             f"{sorted({d.platform for d in jax.devices()})}); install jax with that backend, or "
+                             "pass device='cpu'")
 
 
 def _as_loader(loader, name: str):

@@ -345,7 +345,7 @@ def test_trains_bridged_torch_cnn_with_maxpool():
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10), [BlurPool()])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
     # as Composer: the user's module was surgered in place, trained, and holds the trained weights
-    assert trainer.state.model is module and isinstance(module[3], BlurMaxPool2d) and isinstance(module[4], BlurConv2d)
+    assert trainer.state.model.module is module and isinstance(module[3], BlurMaxPool2d) and isinstance(module[4], BlurConv2d)
     names = set(trainer.task.pure.params)
     assert "4.conv.weight" in names and "4.weight" not in names  # the strided conv is a BlurConv2d
     np.testing.assert_array_equal(module[4].conv.weight.detach().numpy(), trainer.state.train_state.params["4.conv.weight"])

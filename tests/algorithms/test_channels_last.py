@@ -158,7 +158,7 @@ def test_switch_keeps_outputs_and_gradients_and_convolves_nhwc(xla_convs, make, 
 def test_method_equals_functional_and_edits_in_place():
     functional = apply_channels_last(_tiny_resnet())
     module = _tiny_resnet()
-    task = ComposerClassifier(module, num_classes=10)
+    task = ComposerClassifier.for_module(module, num_classes=10)
     method = ChannelsLast()
     assert method.name == "ChannelsLast" and method.model is not None and method.batch is None
     new_task = method.model(task, StepCtx(step=0, run=RunInfo(total_steps=2)))
@@ -201,7 +201,7 @@ def test_trains_bridged_torch_cnn_in_trainer(xla_convs):
     losses = [v for _, v in logger.data["loss/train/total"]]
     assert len(losses) == 2 and np.all(np.isfinite(losses))
     # as Composer: the user's module was converted in place, trained, and holds the trained weights
-    assert trainer.state.model is module and module[1].weight.is_contiguous(memory_format=torch.channels_last)
+    assert trainer.state.model.module is module and module[1].weight.is_contiguous(memory_format=torch.channels_last)
     assert trainer.task.pure.bridged.conv_layout == "NHWC"
     np.testing.assert_array_equal(module[3].weight.detach().numpy(), trainer.state.train_state.params["3.weight"])
     # the torch module (channels-last, eager) computes what the trainer's jitted NHWC forward computes

@@ -225,7 +225,7 @@ def test_trains_bridged_torch_cnn():
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10),
                            [Factorize(min_channels=8, min_features=8, latent_features=0.25)])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert trainer.state.model is module and isinstance(module[3], FactorizedConv2d)
+    assert trainer.state.model.module is module and isinstance(module[3], FactorizedConv2d)
     assert isinstance(module[7], TorchFactorizedLinear) and isinstance(module[1], nn.Conv2d)
     names = set(trainer.task.pure.params)
     assert {"3.module0.weight", "3.module1.bias", "7.module0.weight"} <= names and "3.weight" not in names

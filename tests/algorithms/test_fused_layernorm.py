@@ -272,7 +272,7 @@ def test_trains_bridged_torch_model_and_matches_torch_forward():
     x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 10, 32).astype(np.int32)
     trainer = _fit(ComposerClassifier(module, num_classes=10), ArrayLoader({"input": x, "target": y}, 16, seed=0))
-    assert trainer.state.model is module and isinstance(module[1], TorchFusedLayerNorm)
+    assert trainer.state.model.module is module and isinstance(module[1], TorchFusedLayerNorm)
     np.testing.assert_array_equal(module[1].weight.detach().numpy(), trainer.state.train_state.params["1.weight"])
     (ours,) = trainer.predict([{"input": x[:8], "target": y[:8]}])
     with torch.no_grad():

@@ -245,7 +245,7 @@ def test_trains_bridged_torch_cnn():
                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10), [GhostBatchNorm(ghost_batch_size=8)])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert trainer.state.model is module and isinstance(module[2], GhostBatchNorm2d)
+    assert trainer.state.model.module is module and isinstance(module[2], GhostBatchNorm2d)
     assert "2.batchnorm.weight" in set(trainer.task.pure.params)
     # the torch module computes what the trainer's jitted forward computes (eval: running statistics)
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)

@@ -268,7 +268,7 @@ def test_trains_bridged_torch_mlp_and_resumes_bitwise(tmp_path):
         return ComposerClassifier(TorchMLP(64, hidden=(16,), dropout=0.1), num_classes=10)
 
     straight = _straight_and_resumed(make, tmp_path)
-    module = straight.state.model
+    module = straight.state.model.module  # ComposerClassifier(torch module) is the torch wrapper
     assert isinstance(module.drop, TorchGyroDropoutLayer)
     state = straight.state.train_state.model_state
     assert int(state["drop.training_step"]) == 3 and state["drop.preselect_masks"].shape == (4, 16)

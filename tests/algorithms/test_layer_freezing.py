@@ -59,7 +59,7 @@ NET_LAYERS = ["stem", "norm"] + [f"blocks/{i}" for i in range(11)] + ["head"]
 
 def _forward_order(module, input_shape=(2, 8, 8, 1)):
     """What ``ctx.model.param_order()`` gives in the Trainer: param paths in the order the forward reads them."""
-    task = ComposerClassifier(module, num_classes=3)
+    task = ComposerClassifier.for_module(module, num_classes=3)
     return param_use_order(task.forward, task.params, task.state, {"input": jnp.zeros(input_shape)})
 
 
@@ -262,7 +262,7 @@ def test_resume_across_the_freeze_boundary_is_bitwise(key):
 
 
 def test_method_reads_the_forward_order(net):
-    task = ComposerClassifier(net, num_classes=3)
+    task = ComposerClassifier.for_module(net, num_classes=3)
     m = LayerFreezing(freeze_start=0.0, update_interval="1ba")
     assert m.model is None and m.tx is not None  # no model slot: the order comes from ctx.model
     with pytest.raises(ValueError, match="no layer order"):

@@ -193,6 +193,6 @@ def test_trains_bridged_torch_cnn_in_amp_bf16():
     torch.manual_seed(0)
     module = _TorchGroupNormCNN()
     trainer = _fit(ComposerClassifier(module, num_classes=10))
-    assert trainer.state.model is module and isinstance(module.body[1], TorchLPGroupNorm)
+    assert trainer.state.model.module is module and isinstance(module.body[1], TorchLPGroupNorm)
     np.testing.assert_array_equal(module.body[1].weight.detach().numpy(),
                                   trainer.state.train_state.params["body.1.weight"])

@@ -227,10 +227,10 @@ def test_trains_bridged_torch_model_in_amp_bf16_and_its_layernorm_runs_in_bf16()
     x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 10, 32).astype(np.int32)
     trainer = _fit(ComposerClassifier(module, num_classes=10), ArrayLoader({"input": x, "target": y}, 16, seed=0))
-    assert trainer.state.model is module and isinstance(module[1], TorchLPLayerNorm)
+    assert trainer.state.model.module is module and isinstance(module[1], TorchLPLayerNorm)
 
     # the exported LayerNorm alone, under the Trainer's amp_bf16 forward, is torch's LPLayerNorm under autocast
-    norm = ComposerClassifier(nn.Sequential(module[1]), num_classes=10)
+    norm = ComposerClassifier.for_module(nn.Sequential(module[1]), num_classes=10)
     norm.bind({"input": x[:, :32]})
     out, _ = make_forward(norm, "amp_bf16")(norm.params, norm.state, {"input": x[:, :32]}, train=False, key=None)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

@@ -208,7 +208,7 @@ def test_trains_bridged_torch_cnn():
         _GlobalMean(), nn.Linear(16, 10))
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10), [SqueezeExcite(0.5, min_channels=8)])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert trainer.state.model is module and isinstance(module[3], SqueezeExciteConv2d)
+    assert trainer.state.model.module is module and isinstance(module[3], SqueezeExciteConv2d)
     names = set(trainer.task.pure.params)
     assert {"3.conv.weight", "3.se.pool_and_mlp.2.weight", "3.se.pool_and_mlp.4.weight"} <= names
     np.testing.assert_array_equal(module[3].se.pool_and_mlp[2].weight.detach().numpy(),

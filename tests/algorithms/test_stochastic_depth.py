@@ -385,7 +385,7 @@ def test_trains_bridged_torch_resnet_with_warmup():
     trainer = _trainer(ComposerClassifier(module, num_classes=10),
                        [StochasticDepth("ResNetBasicBlock", drop_rate=0.5, drop_warmup="1ba")], max_duration="2ba")
     trainer.fit()
-    assert trainer.state.model is module and float(module[4].drop_rate) == 0.5
+    assert trainer.state.model.module is module and float(module[4].drop_rate) == 0.5
     scale = {k: v for k, v in trainer.state.train_state.model_state.items() if k.endswith("drop_warmup_scale")}
     assert sorted(scale) == ["3.drop_warmup_scale", "4.drop_warmup_scale"]
     assert all(float(v) == 1.0 for v in scale.values())  # step 1 of a 1-batch warmup: the full rate

@@ -199,7 +199,7 @@ def test_trains_bridged_torch_cnn():
     raw = module[1].weight.detach().clone()
     trainer, losses = _fit(ComposerClassifier(module, num_classes=10), [WeightStandardization()])
     assert len(losses) == 2 and np.all(np.isfinite(losses))
-    assert trainer.state.model is module and parametrize_names(module) == ["1", "3"]
+    assert trainer.state.model.module is module and parametrize_names(module) == ["1", "3"]
     names = set(trainer.task.pure.params)
     assert "1.parametrizations.weight.original" in names and "1.weight" not in names
     trained = module[1].parametrizations.weight.original.detach().numpy()

@@ -210,7 +210,7 @@ def test_pure_model_carries_bridged_model():
     mlp = TorchMLP(d_in=12, hidden=4, num_classes=2)
     bm = from_torch(mlp, (torch.randn(2, 12),), dynamic_batch=True)
     assert bm.as_pure_model().bridged is bm
-    task = ComposerClassifier(mlp).bind({"input": np.zeros((3, 12), np.float32)})
+    task = ComposerClassifier.for_module(mlp).bind({"input": np.zeros((3, 12), np.float32)})
     assert task.pure.bridged.module is mlp and task.pure.bridged.dynamic_batch
 
 
