@@ -19,6 +19,7 @@ from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, 
 from . import classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
+from .optim import TrainerOptimizer
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
 
 
@@ -74,4 +75,6 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                   kernels={"conv_general_dilated": kernels.conv_general_dilated},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
                            "ComposerClassifier": classifier.ComposerClassifier},
-                  seed=_seed, draw_seed=_draw_seed)
+                  seed=_seed, draw_seed=_draw_seed,
+                  to_optimizer=lambda opt, model: TrainerOptimizer(opt, model)
+                  if isinstance(opt, torch.optim.Optimizer) else None)

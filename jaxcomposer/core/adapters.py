@@ -48,6 +48,11 @@ class Adapter(NamedTuple):
     (see :func:`provided`). ``seed(n)``: seed the framework's global generators (Composer's ``seed_all``);
     ``draw_seed()``: a seed drawn from the framework's global generator, for a random functional form called with
     the framework's arrays and no ``key`` (so ``torch.manual_seed`` governs it, as in Composer).
+    ``to_optimizer(optimizer, model)``: the framework's optimizer (a ``torch.optim.Optimizer`` built on the model's
+    parameters) as an object with ``tx`` and ``lr`` (checked against ``model`` now), ``bind(bridged) -> tx`` (the
+    transformation over the converted model's params), ``load(opt_state) -> opt_state`` (the optimizer's own state
+    into the run's) and ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer); None for an
+    object that is not such an optimizer.
     """
 
     is_model: Callable[[Any], bool]
@@ -65,6 +70,7 @@ class Adapter(NamedTuple):
     classes: Mapping[str, Any] = {}
     seed: Callable[[int], None] | None = None
     draw_seed: Callable[[], int] | None = None
+    to_optimizer: Callable[[Any, Any], Any] | None = None
 
 
 @functools.cache

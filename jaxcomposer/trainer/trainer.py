@@ -162,6 +162,18 @@ class Trainer(ReadsPlan):
             optimizers = optimizers[0]
         self.optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         self.user_optimizer = self.optimizer  # what state.optimizers shows: the object the user passed
+        # a torch optimizer (built on model.parameters()) is translated to torch's own update rule; it is checked
+        # now, bound to the converted model's params after export, and holds the run's state after fit
+        adapter = adapters.adapter_for(self.optimizer)
+        self._foreign_optimizer = adapter.to_optimizer(self.optimizer, model.user_model) \
+            if adapter is not None and adapter.to_optimizer is not None else None
+        if self._foreign_optimizer is not None:
+            self.optimizer = self._foreign_optimizer.tx
+        elif not hasattr(self.optimizer, "init") or not hasattr(self.optimizer, "update"):
+            raise ConfigurationError(
+                f"optimizers: got {type(self.optimizer).__module__}.{type(self.optimizer).__name__}, expected an "
+                "optax GradientTransformation (jaxcomposer.optim.DecoupledSGDW, optax.adamw, ...) or a torch "
+                "optimizer built on the model's parameters (torch.optim.SGD(model.parameters(), lr=0.1))")
         self.base_lr = getattr(self.optimizer, "lr", None)
         # ours compile into the step; Composer-style functions of the run state are called on the host each batch
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
@@ -190,6 +202,9 @@ class Trainer(ReadsPlan):
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
                 self.task.note_raw_batch(raw)
             self.task.bind(self._model_batch(as_batch(raw)))
+        if self._foreign_optimizer is not None:  # its params are the converted model's, named as it names them
+            self.optimizer = self._foreign_optimizer.bind(self.task.pure.bridged)
+            self.build_tx = steps.make_base_tx(self.optimizer, self._alpha, self.composed)
         self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
             lambda: param_use_order(self.task.forward, self.task.params, self.task.state,
                                     self._model_batch(self._example_batch())))
@@ -222,6 +237,8 @@ class Trainer(ReadsPlan):
             state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,
                                                      ignore_keys=a.load_ignore_keys, label=f"load_path {load_dir}")
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
+        elif self._foreign_optimizer is not None:  # an optimizer that already stepped (a torch checkpoint) goes on
+            state = state._replace(opt_state=self._foreign_optimizer.load(state.opt_state))
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
                               train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
@@ -258,6 +275,7 @@ class Trainer(ReadsPlan):
                                   max_duration=self.plan.max_duration, steps_per_epoch=steps_per_epoch,
                                   ssr=self.scale_schedule_ratio, batch_size=batch_size,
                                   tokens_per_batch=tokens_per_batch)
+        self._alpha = alpha
         self.build_tx = steps.make_base_tx(self.optimizer, alpha, self.composed)
         # the schedule the step compiles in, callable on the host (LR reads go through _lr_multiplier_on_host)
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
@@ -506,6 +524,9 @@ class Trainer(ReadsPlan):
         write_back = self.task.pure.write_back
         if write_back is not None:
             self.state.model = write_back(train_state.params, train_state.model_state)
+        if self._foreign_optimizer is not None:  # and the optimizer's state, its groups' lr the next step's
+            step = int(train_state.step)
+            self._foreign_optimizer.save(train_state.opt_state, self._lr_multiplier_on_host(step) * self._host_lr)
         self._synced_params = train_state.params
 
     def _meta(self) -> dict:
