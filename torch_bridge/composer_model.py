@@ -63,6 +63,11 @@ def _rebuild(tensors, keys):
     return tuple(tensors) if keys is None else dict(zip(keys, tensors))
 
 
+def _kind(x) -> str:
+    """numpy's dtype kind, with bfloat16 (amp_bf16 casts the inputs; numpy calls it kind 'V') a float."""
+    return "f" if jnp.issubdtype(x.dtype, jnp.floating) else np.dtype(x.dtype).kind
+
+
 def _example(x) -> torch.Tensor:
     """A zero torch tensor shaped like ``x`` (an abstract JAX value); integers as int64, torch's index type."""
     dtype = np.dtype(x.dtype)
@@ -113,7 +118,7 @@ class TorchComposerTask(Task):
                 return model
 
             self._pure = dataclasses.replace(bridged.as_pure_model(), write_back=write_back)
-            self._signature = [(np.shape(x), np.asarray(x).dtype.kind) for x in self._tensors(batch)]
+            self._signature = [(np.shape(x), _kind(x)) for x in self._tensors(batch)]
         return self
 
     def with_model(self, model: Any) -> "TorchComposerTask":
@@ -124,7 +129,7 @@ class TorchComposerTask(Task):
     def forward(self, params, state, batch, *, train: bool, key=None):
         tensors = self._tensors(batch)
         for i, (x, (shape, kind)) in enumerate(zip(tensors, self._signature)):
-            if np.shape(x)[1:] != shape[1:] or np.dtype(x.dtype).kind != kind:
+            if np.shape(x)[1:] != shape[1:] or _kind(x) != kind:
                 raise ValueError(
                     f"{type(self.source).__name__}: batch entry {i} reaches the forward as {np.shape(x)} "
                     f"{np.dtype(x.dtype)}, the model was exported for (*, {', '.join(map(str, shape[1:]))}) of kind "

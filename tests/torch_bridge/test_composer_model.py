@@ -219,3 +219,24 @@ def test_hugging_face_gpt2_trains_in_the_trainer_and_holds_the_weights():
     sd = model.state_dict()
     for name, value in trainer.state.train_state.params.items():
         np.testing.assert_array_equal(sd[name.removeprefix("model.")].numpy(), np.asarray(value), err_msg=name)
+
+
+def test_amp_bf16_trains_a_composer_model():
+    """amp_bf16 casts the batch's floats to bfloat16 before the forward; the exported graph takes them (a bf16 input
+    is a float for the signature check, not a method's edit of the batch) and the loss is the fp32 one to bf16's
+    precision."""
+    losses = {}
+    for precision in ("fp32", "amp_bf16"):
+        seen = []
+
+        class FirstLoss(Callback):
+            def batch_end(self, state, logger):
+                seen.append(float(state.loss))
+
+        torch.manual_seed(0)
+        train, _ = image_loaders()
+        Trainer(model=Net(), train_dataloader=train, max_duration="2ba", precision=precision, progress_bar=False,
+                optimizers=DecoupledSGDW(lr=0.1), callbacks=[FirstLoss()], seed=0).fit()
+        losses[precision] = seen
+    assert len(losses["amp_bf16"]) == 2 and np.all(np.isfinite(losses["amp_bf16"]))
+    np.testing.assert_allclose(losses["amp_bf16"][0], losses["fp32"][0], rtol=2e-2)
