@@ -145,6 +145,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
                                         "None)", config_default="runs"),
     Option("progress_bar", bool, True, "show a progress bar with loss, throughput and ETA"),
     Option("log_to_console", bool, False, "also print metrics as lines", config_default=True),
+    Option("console_log_interval", Interval, "1ba", "with log_to_console, print training metrics every 'Nba' or "
+                                                    "'Nep' (evaluations always print)", config_default="1ep"),
+    Option("console_stream", Literal["stdout", "stderr"], "stderr", "where log_to_console prints"),
     Option("load_path", PathOrNone, None, "a checkpoint directory, or a save_folder (its newest good step), to "
                                           "start from"),
     Option("save_folder", PathOrNone, None, "where periodic checkpoints go (orbax; atomic, async, checksummed)"),

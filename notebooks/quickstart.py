@@ -91,12 +91,12 @@ print(state.eval_metrics["eval"])
 # ## Loss and accuracy
 
 # %%
-loss = logger.data["loss/train/total"]
-acc = logger.data["metrics/eval/MulticlassAccuracy"]
+loss = logger.get_timeseries("loss/train/total")  # Composer's: the values and each log's timestamp fields
+acc = logger.get_timeseries("metrics/eval/MulticlassAccuracy")
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-ax1.plot([s for s, _ in loss], [v for _, v in loss])
+ax1.plot(loss["batch"], loss["loss/train/total"])
 ax1.set(xlabel="batch", ylabel="training loss")
-ax2.plot([s for s, _ in acc], [v for _, v in acc], marker="o")
+ax2.plot(acc["batch"], acc["metrics/eval/MulticlassAccuracy"], marker="o")
 ax2.set(xlabel="batch", ylabel="test accuracy (EMA weights)")
 plt.tight_layout()
 plt.show()

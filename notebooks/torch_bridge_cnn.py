@@ -138,9 +138,9 @@ state = trainer.fit()
 print(state.eval_metrics["eval"])
 
 # %%
-loss = logger.data["loss/train/total"]
+loss = logger.get_timeseries("loss/train/total")
 fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot([s for s, _ in loss], [v for _, v in loss])
+ax.plot(loss["batch"], loss["loss/train/total"])
 ax.set(xlabel="batch", ylabel="training loss (label-smoothed)", title="SmallCNN (torch) trained by jaxcomposer")
 plt.tight_layout()
 plt.show()

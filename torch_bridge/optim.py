@@ -547,6 +547,13 @@ class TrainerOptimizer:
         self.tx = translate(self.optimizer, self.named)
         return self.tx
 
+    def set_lr(self, lr_multiplier: float) -> None:
+        """Each group's ``lr`` as the schedule has it now, as a torch LR scheduler keeps it between steps (what
+        Composer's ``LRMonitor`` and a user's callback read)."""
+        for group, base in zip(self.optimizer.param_groups, self.tx.group_lrs):
+            group.setdefault("initial_lr", base)  # first, as a torch scheduler does: the base lr stays readable
+            _set_number(group, "lr", base * lr_multiplier)
+
     def load(self, opt_state):
         return _map_states(lambda s: state_from_torch(self.optimizer, self.named, s), opt_state)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from jaxcomposer.core.events import Callback
 from jaxcomposer.errors import NonFiniteLossError
 from jaxcomposer.loggers.logger import is_ready
 
-__all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError"]
+__all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError", "optimizer_name"]
 
 
 class SpeedMonitor(Callback):
@@ -66,22 +66,72 @@ class SpeedMonitor(Callback):
 
 
 class LRMonitor(Callback):
-    """Logs ``lr``: ``state.learning_rate`` if it is a number, or ``learning_rate(step)`` if it is a schedule.
+    """Logs the learning rate at every BATCH_END under Composer's key ``lr-<OptimizerName>/group<i>``.
 
-    For a schedule it logs the rate the step that just ended used (optax counts from 0, so step ``batch - 1``);
-    Composer logs the optimizer's rate after its scheduler stepped, i.e. the next step's rate. Nothing is logged when
-    no learning rate is known.
+    The optimizers are read from ``state.optimizers`` (a list, as Composer's State); each one's name is its class
+    name, or for one of ``jaxcomposer.optim``'s factories (``DecoupledSGDW(...)`` returns an optax transformation)
+    the factory's name, so ``DecoupledSGDW`` logs ``lr-DecoupledSGDW/group0``. An optimizer with ``param_groups``
+    (a torch optimizer) logs each group's ``'lr'``; any other has one group whose rate is ``state.learning_rate``.
+
+    Without ``state.optimizers`` the key is ``lr``. ``state.learning_rate`` is a number or a schedule
+    ``step -> lr``; for a schedule it logs the rate the step that just ended used (optax counts from 0, so step
+    ``batch - 1``), where Composer logs the optimizer's rate after its scheduler stepped, i.e. the next step's.
+    Nothing is logged when no learning rate is known. The schedule is read from a host table (the trainer's), so
+    this never waits for the device.
     """
 
-    def batch_end(self, state, logger) -> None:
+    def __init__(self) -> None:
+        self._names: tuple | None = None  # (the optimizer list, its keys): keys are built once per list
+
+    def _rate(self, state) -> float | None:
         lr = state.learning_rate
-        if lr is None:
-            return
         if callable(lr):
             lr = lr(max(state.timestamp.batch - 1, 0))
-        logger.log_metrics({"lr": float(lr)})
+        return None if lr is None else float(lr)
+
+    def _keys(self, optimizers) -> list[tuple[Any, list[str]]]:
+        keyed = []
+        for opt in optimizers:
+            groups = getattr(opt, "param_groups", None)
+            n = len(groups) if isinstance(groups, (list, tuple)) and groups else 1
+            name = optimizer_name(opt)
+            keyed.append((opt, [f"lr-{name}/group{i}" for i in range(n)]))
+        return keyed
+
+    def batch_end(self, state, logger) -> None:
+        optimizers = getattr(state, "optimizers", None)
+        if not optimizers:
+            lr = self._rate(state)
+            if lr is not None:
+                logger.log_metrics({"lr": lr})
+            return
+        if self._names is None or self._names[0] is not optimizers:
+            self._names = (optimizers, self._keys(optimizers))
+        metrics = {}
+        for opt, keys in self._names[1]:
+            groups = getattr(opt, "param_groups", None)
+            if isinstance(groups, (list, tuple)) and groups and "lr" in groups[0]:
+                metrics.update({key: float(group["lr"]) for key, group in zip(keys, groups)})
+            else:
+                lr = self._rate(state)
+                if lr is not None:
+                    metrics[keys[0]] = lr
+        if metrics:
+            logger.log_metrics(metrics)
 
 
+def optimizer_name(opt: Any) -> str:
+    """``type(opt).__name__``, except for an optax transformation made by a factory of ours (``DecoupledSGDW``),
+    whose type is a generic container: there, the factory's name, found in the qualname of its ``update``. An
+    ``opt.name`` string wins over both."""
+    explicit = getattr(opt, "name", None)
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    update = getattr(opt, "update", None)
+    qualname = getattr(update, "__qualname__", "")
+    if "<locals>" in qualname and getattr(update, "__module__", "").startswith("jaxcomposer."):
+        return qualname.split(".", 1)[0]
+    return type(opt).__name__
 
 
 class NaNMonitor(Callback):

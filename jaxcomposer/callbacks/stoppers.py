@@ -6,6 +6,7 @@ Both read a metric either from an evaluation (``state.eval_metrics[label][monito
 """
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import warnings
@@ -13,6 +14,7 @@ from typing import Any, Callable
 
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.time import Time, TimeUnit
+from jaxcomposer.loggers.logger import is_ready
 
 __all__ = ["EarlyStopper", "ThresholdStopper", "infer_comp"]
 
@@ -79,11 +81,18 @@ class _MetricReader(Callback):
 
 
 class EarlyStopper(_MetricReader):
-    """Stops when ``monitor`` has not improved on its best by more than ``min_delta`` for ``patience``.
+    """Composer's ``EarlyStopper``: stops when ``monitor`` has not improved on its best by more than ``min_delta``
+    for longer than ``patience``.
 
-    ``patience`` as an int counts consecutive non-improving readings (evaluations, or batches for 'train'): the stop
-    comes at exactly the ``patience``-th one. (Composer reads an int as epochs.) As a ``Time`` or string in 'ep' or
-    'ba', it is Composer's rule: stop once more than ``patience`` has elapsed since the best reading.
+    ``patience`` is a time in epochs or batches; an int is epochs, as in Composer (``patience=1`` is ``'1ep'``).
+    The rule is Composer's: after each reading, stop once more than ``patience`` has elapsed since the reading that
+    set the best (``epoch - best_epoch > patience``), so with one evaluation per epoch ``patience=1`` stops at the
+    second evaluation without improvement.
+
+    Readings: every evaluation of ``dataloader_label`` (at EVAL_END); for ``'train'``, the step output ``monitor``
+    at every EPOCH_END, and at every BATCH_END too when ``patience`` is in batches. Per-batch readings do not make
+    the host wait for the step: a value is read once the device has computed it, at most one batch later (the stop
+    then comes at most one batch after Composer's).
     """
 
     def __init__(self, monitor: str, dataloader_label: str = "eval", comp: str | Callable | None = None,
@@ -93,58 +102,69 @@ class EarlyStopper(_MetricReader):
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta):
             raise ValueError(f"min_delta must be a finite number, got {min_delta!r}.")
         self.min_delta = abs(float(min_delta))  # Composer takes abs() too
-        if isinstance(patience, bool):
-            raise ValueError(f"patience must be an int >= 1 or a time string like '2ep', got {patience!r}.")
-        if isinstance(patience, int):
-            if patience < 1:
-                raise ValueError(f"patience must be >= 1 evaluations, got {patience}.")
-        elif isinstance(patience, (str, Time)):
-            patience = Time.from_input(patience)
-            if patience.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or patience.value < 0:
-                raise ValueError(f"patience as a time must be non-negative in 'ep' or 'ba', got "
-                                 f"{patience.to_timestring()!r}.")
-        else:
-            raise ValueError(f"patience must be an int >= 1 or a time string like '2ep', got {patience!r}.")
+        if isinstance(patience, bool) or not isinstance(patience, (int, str, Time)):
+            raise ValueError(f"patience must be an int of epochs >= 0 or a time like '2ep' or '100ba', got "
+                             f"{patience!r}.")
+        patience = Time.from_input(patience, TimeUnit.EPOCH)
+        if patience.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or patience.value < 0:
+            raise ValueError(f"patience must be a non-negative time in 'ep' or 'ba' (an int is epochs), got "
+                             f"{patience.to_timestring()!r}.")
         self.patience = patience
         self.best: float | None = None
         self.best_step: int | None = None
         self._best_time = None
         self.bad_readings = 0
+        self._train_readings: collections.deque = collections.deque()  # (timestamp, device value) not yet read
 
     def _improved(self, value: float) -> bool:
         better = operator.gt if self.comp == "greater" else operator.lt if self.comp == "less" else self.comp
         return bool(better(value, self.best)) and abs(value - self.best) > self.min_delta
 
-    def _update(self, state, value: float) -> None:
-        ts = state.timestamp
+    def _update(self, state, ts, value: float) -> None:
         if self.best is None or (math.isnan(self.best) and not math.isnan(value)) or self._improved(value):
             self.best, self.best_step, self._best_time, self.bad_readings = value, ts.batch, ts, 0
             return
         self.bad_readings += 1
-        if isinstance(self.patience, int):
-            stop = self.bad_readings >= self.patience
-            waited = f"{self.bad_readings} evaluations"
-        else:
-            unit = self.patience.unit
-            elapsed = ts.get(unit).value - self._best_time.get(unit).value
-            stop = elapsed > self.patience.value
-            waited = f"{elapsed}{unit.value}"
-        if stop:
+        unit = self.patience.unit
+        elapsed = ts.get(unit).value - self._best_time.get(unit).value
+        if elapsed > self.patience.value:
             state.stop_training(
                 f"EarlyStopper: {self._name} did not improve on its best {self.best:.6g} (step {self.best_step}) "
-                f"by more than min_delta={self.min_delta:g} for {waited} (patience "
-                f"{self.patience if isinstance(self.patience, int) else self.patience.to_timestring()}); "
-                f"last value {value:.6g}.")
+                f"by more than min_delta={self.min_delta:g} for {elapsed}{unit.value} (patience "
+                f"{self.patience.to_timestring()}); last value {value:.6g}.")
+
+    def _read_queued(self, state, force: bool) -> None:
+        while self._train_readings and not state.stop_requested:
+            ts, value = self._train_readings[0]
+            if not (force or len(self._train_readings) > 1 or is_ready(value)):
+                return
+            self._train_readings.popleft()
+            self._update(state, ts, float(value))
 
     def eval_end(self, state, logger) -> None:
         if self.dataloader_label != TRAIN_LABEL:
             value = self._read_eval(state)
             if value is not None:
-                self._update(state, value)
+                self._update(state, state.timestamp, value)
 
     def batch_end(self, state, logger) -> None:
-        if self.dataloader_label == TRAIN_LABEL:
-            self._update(state, self._read_train(state))
+        if self.dataloader_label == TRAIN_LABEL and self.patience.unit == TimeUnit.BATCH:
+            if self.monitor not in state.batch_metrics:
+                self._read_train(state)  # raises, naming the step outputs there are
+            self._train_readings.append((state.timestamp, state.batch_metrics[self.monitor]))
+            self._read_queued(state, force=False)
+
+    def epoch_end(self, state, logger) -> None:
+        if self.dataloader_label != TRAIN_LABEL:
+            return
+        if self.patience.unit == TimeUnit.BATCH:
+            self._read_queued(state, force=True)
+        else:
+            self._update(state, state.timestamp, self._read_train(state))
+
+    def fit_end(self, state, logger) -> None:
+        self._read_queued(state, force=True)
+        super().fit_end(state, logger)
 
 
 class ThresholdStopper(_MetricReader):

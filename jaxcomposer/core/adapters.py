@@ -51,7 +51,8 @@ class Adapter(NamedTuple):
     ``to_optimizer(optimizer, model)``: the framework's optimizer (a ``torch.optim.Optimizer`` built on the model's
     parameters) as an object with ``tx`` and ``lr`` (checked against ``model`` now), ``bind(bridged) -> tx`` (the
     transformation over the converted model's params), ``load(opt_state) -> opt_state`` (the optimizer's own state
-    into the run's) and ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer); None for an
+    into the run's), ``set_lr(lr_multiplier)`` (its groups' current LR, after each batch) and
+    ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer); None for an
     object that is not such an optimizer.
     """
 

@@ -1,5 +1,6 @@
 """Logger facade and destinations (Composer's ``composer.loggers``). Optional backends import their package lazily."""
 from jaxcomposer.loggers.console import ConsoleLogger
+from jaxcomposer.loggers.file import FileLogger
 from jaxcomposer.loggers.in_memory import InMemoryLogger
 from jaxcomposer.loggers.jsonl import JSONLLogger, read_jsonl
 from jaxcomposer.loggers.logger import Logger, LoggerDestination
@@ -10,6 +11,6 @@ from jaxcomposer.loggers.tensorboard import TensorboardLogger
 from jaxcomposer.loggers.wandb import WandBLogger
 
 __all__ = [
-    "Logger", "LoggerDestination", "ConsoleLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl", "PlotLogger",
-    "ProgressBarLogger", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
+    "Logger", "LoggerDestination", "ConsoleLogger", "FileLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl",
+    "PlotLogger", "ProgressBarLogger", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
 ]

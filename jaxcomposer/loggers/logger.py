@@ -15,12 +15,14 @@ import collections
 import dataclasses
 import importlib
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
 
 from jaxcomposer.core.events import Callback
 
 __all__ = ["Logger", "LoggerDestination", "FlushingDestination", "PendingMetrics", "LogRecord", "is_ready",
-           "format_metric"]
+           "format_metric", "format_log_data_value", "to_host", "dist_info"]
 
 
 class LoggerDestination(Callback):
@@ -30,6 +32,9 @@ class LoggerDestination(Callback):
         pass
 
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
+        pass
+
+    def log_traces(self, traces: Mapping[str, Any]) -> None:
         pass
 
 
@@ -76,6 +81,12 @@ class Logger:
         for d in self.destinations:
             d.log_hyperparameters(hparams)
 
+    def log_traces(self, traces: Mapping[str, Any]) -> None:
+        """Composer's algorithm traces (``algorithm_traces/<Name>/<event>``). Our algorithms are composed into the
+        compiled step, so nothing in the library emits traces; the call exists for user code that does."""
+        for d in self.destinations:
+            d.log_traces(traces)
+
 
 def optional_import(module: str, *, needed_by: str, package: str, extra: str | None = None):
     """Import a backend's module, or raise an ImportError that says what installs it (our extra, when it has one)."""
@@ -114,10 +125,11 @@ class PendingMetrics:
     drains everything at sync points. ``context`` carries what must be captured at log time (epoch, wall time).
     """
 
-    def __init__(self, max_pending: int = 16):
+    def __init__(self, max_pending: int = 16, convert: Callable[[Any], Any] = float):
         if max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}.")
         self.max_pending = max_pending
+        self.convert = convert
         self._queue: collections.deque = collections.deque()
 
     def __len__(self) -> int:
@@ -133,7 +145,7 @@ class PendingMetrics:
             if not (force or len(self._queue) > self.max_pending or all(map(is_ready, metrics.values()))):
                 break
             self._queue.popleft()
-            out.append(LogRecord(step, {k: float(v) for k, v in metrics.items()}, context))
+            out.append(LogRecord(step, {k: self.convert(v) for k, v in metrics.items()}, context))
         return out
 
 
@@ -144,3 +156,48 @@ def format_metric(value: float) -> str:
     if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
         return f"{value:.3e}"
     return f"{value:.4g}"
+
+
+def to_host(value: Any) -> Any:
+    """A logged value as Python data: a device or numpy scalar becomes an ``int``/``float`` (as ``tensor.item()``
+    does in Composer), a larger array a numpy array; anything else is returned unchanged. Waits for device values,
+    so call it on values that ``is_ready``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "is_ready") or isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        return array.item() if array.size == 1 else array
+    return value
+
+
+def format_log_data_value(data: Any) -> str:
+    """Composer's text for a logged value (its FileLogger and ConsoleLogger lines): strings quoted, ints as they
+    are, floats with 4 decimals, one-element arrays as their element, mappings as ``{ "k": v, }``, other iterables
+    as ``[a, b]``."""
+    if data is None:
+        return "None"
+    if isinstance(data, str):
+        return f'"{data}"'
+    if isinstance(data, (bool, int)):
+        return str(data)
+    if isinstance(data, float):
+        return f"{data:.4f}"
+    if hasattr(data, "is_ready") or isinstance(data, (np.ndarray, np.generic)):
+        array = np.asarray(data)
+        if array.size == 1:
+            return format_log_data_value(array.item())
+        return f"Array of shape {array.shape}"
+    if isinstance(data, Mapping):
+        return "{ " + "".join(f'"{k}": {format_log_data_value(v)}, ' for k, v in data.items()) + "}"
+    if isinstance(data, Iterable):
+        return "[" + ", ".join(format_log_data_value(v) for v in data) + "]"
+    return str(data)
+
+
+def dist_info() -> dict[str, int]:
+    """Composer's filename variables for this process. JAX runs one process per host, which drives all of that
+    host's devices, so a process plays the part of one Composer rank and of one node."""
+    import jax  # imported here: reading these does not need the caller to have touched jax yet
+
+    rank, world = jax.process_index(), jax.process_count()
+    return {"rank": rank, "local_rank": 0, "world_size": world, "local_world_size": 1, "node_rank": rank}

@@ -84,6 +84,7 @@ class Trainer(ReadsPlan):
                  train_subset_num_batches: int = -1, seed: int | None = None, precision: str | None = None,
                  device_train_microbatch_size: int | None = None, run_name: str | None = None,
                  run_dir: str | Path | None = None, progress_bar: bool = True, log_to_console: bool = False,
+                 console_log_interval: int | str | Time = "1ba", console_stream: str = "stderr",
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
                  save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
                  save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
@@ -216,7 +217,7 @@ class Trainer(ReadsPlan):
         if a.progress_bar:
             loggers.append(ProgressBarLogger())
         if a.log_to_console:
-            loggers.append(ConsoleLogger())
+            loggers.append(ConsoleLogger(log_interval=a.console_log_interval, stream=a.console_stream))
         if self.run_dir is not None:  # file loggers create the directory at their first write, not now
             loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
                         PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
@@ -349,6 +350,9 @@ class Trainer(ReadsPlan):
                         samples=self._count_samples(batch), tokens=self._count_tokens(batch),
                         duration=self._since_mark())
                     st.batch_metrics = metrics
+                    if self._foreign_optimizer is not None:  # its groups' lr: the next step's, as a torch scheduler
+                        self._foreign_optimizer.set_lr(
+                            self._lr_multiplier_on_host(int(st.timestamp.batch)) * self._host_lr)
                     # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
                     # non-finite updates), so the host keeps steps queued instead of waking on every one
                     self._pending_checks.append((st.timestamp.batch, metrics))

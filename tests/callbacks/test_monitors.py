@@ -24,7 +24,7 @@ def test_speed_monitor_excludes_first_batch_and_eval_time():
             clock.advance(100.0)
             speed.run_event(Event.EVAL_END, state, logger)
     data = mem.data
-    assert data["throughput/batches_per_sec"][0][0] == 2  # nothing logged at step 1
+    assert data["throughput/batches_per_sec"][0][0].batch == 2  # nothing logged at step 1
     assert all(v == pytest.approx(4.0) for _, v in data["throughput/batches_per_sec"])
     assert all(v == pytest.approx(64.0) for _, v in data["throughput/samples_per_sec"])
     assert mem.most_recent_values["throughput/tokens_per_sec"] == pytest.approx(64.0 * 128)
@@ -52,15 +52,46 @@ def test_lr_monitor_float_schedule_and_none():
     schedule = optax.linear_schedule(1.0, 0.0, transition_steps=10)
     fake_fit([LRMonitor(), mem], make_state(learning_rate=schedule), [1.0] * 5, eval_every=None)
     # The rate each finished step used: schedule(0) for step 1, ..., schedule(4) for step 5.
-    assert mem.data["lr"] == [(s, pytest.approx(1.0 - 0.1 * (s - 1))) for s in range(1, 6)]
+    assert [(ts.batch, v) for ts, v in mem.data["lr"]] == [(s, pytest.approx(1.0 - 0.1 * (s - 1))) for s in range(1, 6)]
 
     mem = InMemoryLogger()
     fake_fit([LRMonitor(), mem], make_state(learning_rate=3e-4), [1.0] * 3, eval_every=None)
-    assert mem.data["lr"] == [(1, 3e-4), (2, 3e-4), (3, 3e-4)]
+    assert [(ts.batch, v) for ts, v in mem.data["lr"]] == [(1, 3e-4), (2, 3e-4), (3, 3e-4)]
 
     mem = InMemoryLogger()
     fake_fit([LRMonitor(), mem], make_state(learning_rate=None), [1.0] * 3, eval_every=None)
     assert "lr" not in mem.data
+
+
+def test_lr_monitor_composer_keys_from_state_optimizers():
+    from jaxcomposer.callbacks.monitors import optimizer_name
+    from jaxcomposer.optim import DecoupledAdamW, DecoupledSGDW
+
+    mem = InMemoryLogger()
+    state = make_state(learning_rate=optax.linear_schedule(1.0, 0.0, transition_steps=10))
+    state.optimizers = [DecoupledSGDW(lr=1.0, momentum=0.9)]
+    fake_fit([LRMonitor(), mem], state, [1.0] * 3, eval_every=None)
+    assert "lr" not in mem.data
+    assert [(ts.batch, v) for ts, v in mem.data["lr-DecoupledSGDW/group0"]] == \
+        [(1, pytest.approx(1.0)), (2, pytest.approx(0.9)), (3, pytest.approx(0.8))]
+
+    class SGD:  # a torch-style optimizer: one rate per parameter group, read as it is now
+        def __init__(self):
+            self.param_groups = [{"lr": 0.1, "params": []}, {"lr": 0.01, "params": []}]
+
+    mem, state = InMemoryLogger(), make_state(learning_rate=None)
+    torch_like = SGD()
+    state.optimizers = [torch_like]
+    logger = Logger([mem])
+    lr_monitor = LRMonitor()
+    lr_monitor.run_event(Event.BATCH_END, state, logger)
+    torch_like.param_groups[1]["lr"] = 0.005
+    lr_monitor.run_event(Event.BATCH_END, state, logger)
+    assert [v for _, v in mem.data["lr-SGD/group0"]] == [0.1, 0.1]
+    assert [v for _, v in mem.data["lr-SGD/group1"]] == [0.01, 0.005]
+
+    assert optimizer_name(DecoupledAdamW(lr=1e-3)) == "DecoupledAdamW"
+    assert optimizer_name(optax.adam(1e-3)) == "GradientTransformationExtraArgs"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

@@ -24,7 +24,8 @@ def test_lines_match_what_was_logged(tmp_path):
     train = [r for r in records if "loss/train/total" in r["metrics"]]
     evals = [r for r in records if "metrics/eval/accuracy" in r["metrics"]]
     assert len(train) == 20 and len(evals) == 4 and len(records) == 24
-    assert [(r["step"], r["metrics"]["loss/train/total"]) for r in train] == mem.data["loss/train/total"]
+    assert [(r["step"], r["metrics"]["loss/train/total"]) for r in train] == \
+        [(ts.batch, v) for ts, v in mem.data["loss/train/total"]]
     assert [r["metrics"]["metrics/eval/accuracy"] for r in evals] == ACC
     assert [r["step"] for r in evals] == [5, 10, 15, 20]
     # Epoch and wall time come from the state at log time: 5 batches per epoch, 0.1 s per batch.

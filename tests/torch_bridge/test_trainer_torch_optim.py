@@ -117,3 +117,15 @@ def test_refused_before_anything_is_exported():
         _fit(net, torch.optim.SGD(_net().parameters(), lr=0.1), "1ba")
     with pytest.raises(ConfigurationError, match="optimizers: got builtins.str"):
         _fit(net, "sgd", "1ba")
+
+
+def test_lr_monitor_reads_each_groups_current_lr_as_composer_logs_it():
+    from jaxcomposer.callbacks import LRMonitor
+    from jaxcomposer.loggers import InMemoryLogger
+
+    net, logger = _net(), InMemoryLogger()
+    _fit(net, _sgd(net), "3ba", schedulers=[LinearScheduler(alpha_i=1.0, alpha_f=0.0, t_max="4ba")],
+         callbacks=[LRMonitor()], loggers=[logger])
+    # after batch b the LR of the next step, as Composer's scheduler leaves the group: alpha 0.75, 0.5, 0.25
+    assert [v for _, v in logger.data["lr-SGD/group0"]] == pytest.approx([0.05 * a for a in (0.75, 0.5, 0.25)])
+    assert [v for _, v in logger.data["lr-SGD/group1"]] == pytest.approx([0.1 * a for a in (0.75, 0.5, 0.25)])
