@@ -154,6 +154,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("save_interval", IntervalOrCallable, "1ep", "checkpoint every 'Nep' or 'Nba', or when a "
                                                        "(state, event) -> bool callable says so"),
     Option("save_num_checkpoints_to_keep", BatchCount, -1, "keep the newest N checkpoints (-1: all)"),
+    Option("save_filename", str, "ep{epoch}-ba{batch}-rank{rank}.pt",
+           "Composer's name for each checkpoint in save_folder: a link to its verified step directory, made once "
+           "the step is committed; load_path takes it"),
+    Option("save_latest_filename", str | None, "latest-rank{rank}.pt",
+           "a name that always links to the newest committed checkpoint (None: none)"),
     Option("save_overwrite", bool, False, "replace an earlier run's checkpoints in save_folder (deleted at the "
                                           "first save)"),
     Option("save_weights_only", bool, False, "save params and model state only (such a checkpoint cannot continue "

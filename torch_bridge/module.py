@@ -67,9 +67,12 @@ class BridgedModel:
     """A converted module: initial ``params``/``buffers`` and a pure ``apply``. Build it with :func:`from_torch`."""
 
     def __init__(self, module, programs, params, buffers, constants, aliases, torch_dtypes, dynamic_batch,
-                 conv_layout: str = "NCHW"):
+                 conv_layout: str = "NCHW", input_dtypes: tuple = ()):
         self.module = module
         self._programs = programs  # {True: train Program, False: eval Program}
+        # graphs exported again for other input sizes: {(train, shapes): (Program, that export's own constants)}
+        self._resized: dict[tuple, tuple[export.Program, dict[str, jax.Array]]] = {}
+        self._input_dtypes = input_dtypes  # the example inputs' torch dtypes, for those exports
         self.params: dict[str, jax.Array] = params
         self.buffers: dict[str, jax.Array] = buffers
         self.constants: dict[str, jax.Array] = constants
@@ -95,8 +98,11 @@ class BridgedModel:
         if prog is None:
             raise ValueError(f"torch_bridge: the {'train' if train else 'eval'} graph was not exported "
                              f"(from_torch(..., modes={tuple(self._programs)}))")
-        inputs = self._check_inputs(prog, [_to_jax(x) for x in jax.tree_util.tree_leaves(inputs)], train)
-        state = {**self.constants, **params, **{a: params[leaf] for a, leaf in self.aliases.items()}, **buffers}
+        inputs = [_to_jax(x) for x in jax.tree_util.tree_leaves(inputs)]
+        prog, constants = self._program_for(prog, inputs, bool(train))
+        inputs = self._check_inputs(prog, inputs, train)
+        state = {**self.constants, **constants, **params, **{a: params[leaf] for a, leaf in self.aliases.items()},
+                 **buffers}
         try:
             placeholders = [state[ref] if kind == "state" else inputs[ref] for kind, ref in prog.inputs]
         except KeyError as e:
@@ -110,6 +116,37 @@ class BridgedModel:
             else:
                 user.append(value)
         return self._structure(user, prog), new_buffers
+
+    def _program_for(self, prog, inputs, train: bool):
+        """``prog``, or a graph exported for these inputs' sizes when only their non-batch dims differ from the
+        example's (ProgressiveResizing's smaller images): torch.export specializes every dim but the batch, and
+        the module's weights are the same placeholders in any size's graph. Each size is exported once."""
+        shapes = prog.user_shapes
+        if len(inputs) != len(shapes) or all(
+                shape is None or (len(shape) == x.ndim and all(s is None or s == d for s, d in
+                                                              zip(shape[1:], x.shape[1:])))
+                for x, shape in zip(inputs, shapes)):
+            return prog, {}  # the example's sizes (a batch mismatch is _check_inputs' to report)
+        if any(shape is not None and len(shape) != x.ndim for x, shape in zip(inputs, shapes)) or \
+                len(self._input_dtypes) != len(inputs):
+            return prog, {}
+        key = (train, tuple((x.shape[1:] if self.dynamic_batch else x.shape) for x in inputs))
+        if key not in self._resized:
+            examples = tuple(torch.zeros(tuple(x.shape), dtype=dtype) for x, dtype in zip(inputs, self._input_dtypes))
+            try:
+                ep = export.export_module(self.module, examples, train=train, dynamic_batch=self.dynamic_batch)
+            except Exception as e:
+                e.add_note(f"torch_bridge: the module was exported for inputs of shape "
+                           f"{[tuple('*' if d is None else d for d in s) for s in shapes]} and got "
+                           f"{[tuple(x.shape) for x in inputs]}; exporting it again for those failed (a method "
+                           "that changes the inputs' shape, such as ProgressiveResizing, may not suit this model).")
+                raise
+            export.check_supported([ep.graph])
+            # lifted constants are named per export (lifted_tensor_0, ...), so each graph keeps its own
+            constants = {name: _to_jax(tensor) for name, (tensor, kind) in export.tensor_sources([ep]).items()
+                         if kind == "constant" and name not in self.params and name not in self.aliases}
+            self._resized[key] = (export.to_program(ep), constants)
+        return self._resized[key]
 
     def _check_inputs(self, prog, inputs, train):
         if len(inputs) != len(prog.user_shapes):
@@ -182,6 +219,8 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
     ``example_inputs`` is the positional input tuple (a lone tensor is accepted too). Without ``dynamic_batch`` the
     graphs are specialized to the example shapes; with it, dim 0 of every tensor input is symbolic. ``modes``
     picks the graphs to export (``(True,)``: the train graph only, for a module whose modes do not differ).
+    Inputs whose other dims differ from the example's (same rank: ProgressiveResizing's smaller images) get a graph
+    exported for their sizes on first use, kept for later calls.
     ``conv_layout`` ``"NHWC"`` (the default, ``None``) runs 2-D convolution nets channels-last: activations stay
     NHWC from the convolution that makes them to the first op that needs NCHW (:mod:`torch_bridge.channels_last`;
     the quickstart ResNet's CPU step: 1.21x faster than ``"NCHW"``). ``"NCHW"`` keeps torch's layout throughout,
@@ -211,4 +250,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
                 aliases[name] = leaf
                 continue
         {"param": params, "buffer": buffers, "constant": constants}[kind][name] = _to_jax(tensor)
-    return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch, conv_layout)
+    input_dtypes = tuple(x.dtype for x in example_inputs) \
+        if all(isinstance(x, torch.Tensor) for x in example_inputs) else ()
+    return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch, conv_layout,
+                        input_dtypes)

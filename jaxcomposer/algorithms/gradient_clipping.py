@@ -6,18 +6,16 @@ Method card
 
 - ``'norm'``: ``torch.nn.utils.clip_grad_norm_``: ``g *= min(thr / (||g||_global + 1e-6), 1)``.
 - ``'value'``: ``torch.nn.utils.clip_grad_value_``: ``g = clip(g, -thr, thr)`` elementwise.
-- ``'adaptive'``: Adaptive Gradient Clipping (Brock et al. 2021), per parameter and per output unit::
+- ``'adaptive'``: Adaptive Gradient Clipping (Brock et al. 2021), per parameter and per output unit, as
+  Composer's ``_get_clipped_gradient_coeff``::
 
-      param_norm = max(unitwise_norm(p), eps)        # eps = 1e-3
-      max_norm   = param_norm * thr
-      grad_norm  = unitwise_norm(g)
-      clipped    = g * (max_norm / max(grad_norm, 1e-6))
-      g          = where(grad_norm > max_norm, clipped, g)
+      coeff = min(thr * unitwise_norm(p) / unitwise_norm(g), 1)      # 0 / 0 -> 1, as Composer's NaN -> 1
+      g     = g * coeff
 
-  Composer's ``_get_clipped_gradient_coeff`` computes ``clamp(thr * ||W||_u / ||G||_u, max=1)`` with NaN -> 1 and
-  **no** ``eps`` floor. The two agree wherever ``||W||_u >= eps``; ``eps=0.0`` reproduces Composer exactly. We keep
-  the paper's ``eps=1e-3`` by default because Flax initializes biases and norm offsets to zero, and without the
-  floor a zero-norm unit gets a zero gradient forever (torch's default inits are rarely exactly zero).
+  ``eps`` (keyword-only, default ``0.0``: Composer's rule) floors the weight norm first,
+  ``max(unitwise_norm(p), eps)``, as the paper's NFNet code does with ``eps=1e-3``. Without a floor a unit whose
+  weights are all zero gets a zero gradient and never leaves zero; Flax initializes biases and norm offsets to
+  zero (torch's default inits rarely are), so pass ``eps=1e-3`` to train such units of an NNX model under AGC.
 
 **Unit-wise norm and layout.** A "unit" is one output neuron/filter. torch stores output units on axis 0
 (Linear ``(out, in)``, Conv ``(out, in, kh, kw)``) and Composer reduces over axes ``1..``; Flax stores them on the
@@ -40,12 +38,12 @@ right before the optimizer: Composer's ``AFTER_TRAIN_BATCH``. The clip is statel
 step, so it reads nothing from the ctx; rebuilding it inside every step costs nothing.
 
 **Functional form.** ``apply_gradient_clipping(grads, clipping_type, clipping_threshold, params=None, *,
-eps=1e-3, unit_axis=-1)`` is pure on gradient pytrees (JAX, numpy or torch arrays; the caller's type comes back).
+eps=0.0, unit_axis=-1)`` is pure on gradient pytrees (JAX, numpy or torch arrays; the caller's type comes back).
 Called as Composer's ``apply_gradient_clipping(model, clipping_type, clipping_threshold, fsdp_enabled)`` on a torch
-module, it clips the module's ``.grad`` in place as Composer's does (its adaptive rule included: no ``eps``, axis 0
-units); ``fsdp_enabled=True`` is refused, since no torch FSDP module runs here. Where Composer's fourth positional
-argument is ``fsdp_enabled``, a pytree call's is ``params`` (the adaptive rule needs them and a pytree has no
-``.grad`` to read them from).
+module, it clips the module's ``.grad`` in place as Composer's does (axis 0 units, no ``eps``);
+``fsdp_enabled=True`` is refused, since no torch FSDP module runs here. Where Composer's fourth positional argument
+is ``fsdp_enabled``, a pytree call's is ``params`` (the adaptive rule needs them and a pytree has no ``.grad`` to
+read them from).
 
 **Reference.** Pascanu et al., "On the difficulty of training recurrent neural networks", ICML 2013
 (arXiv:1211.5063); Brock et al., "High-Performance Large-Scale Image Recognition Without Normalization", ICML 2021
@@ -90,20 +88,24 @@ def _clip_norm(grads, thr: float):
 
 
 def _agc_leaf(g: jax.Array, p: jax.Array, thr: float, eps: float, unit_axis: int) -> jax.Array:
-    param_norm = jnp.maximum(unitwise_norm(p, unit_axis), eps)
+    param_norm = unitwise_norm(p, unit_axis)
+    if eps:
+        param_norm = jnp.maximum(param_norm, eps)
     max_norm = param_norm * thr
     grad_norm = unitwise_norm(g, unit_axis)
-    clipped = g.astype(jnp.float32) * (max_norm / jnp.maximum(grad_norm, 1e-6))
-    return jnp.where(grad_norm > max_norm, clipped, g.astype(jnp.float32)).astype(g.dtype)
+    # grad_norm > max_norm >= 0 wherever the ratio is used, so the guard only keeps the other branch finite
+    coeff = jnp.where(grad_norm > max_norm, max_norm / jnp.where(grad_norm > 0, grad_norm, 1.0), 1.0)
+    return (g.astype(jnp.float32) * coeff).astype(g.dtype)
 
 
 @functional_form(arrays=("grads", "params"), models=("grads",))
 def apply_gradient_clipping(grads, clipping_type: str, clipping_threshold: float, params=None, *,
-                            eps: float = 1e-3, unit_axis: int = -1):
+                            eps: float = 0.0, unit_axis: int = -1):
     """Composer's ``apply_gradient_clipping`` on a gradient pytree; returns the clipped pytree.
 
     ``params`` (same structure as ``grads``) is required for ``'adaptive'``; ``eps`` and ``unit_axis`` only matter
-    there (see the module docstring for the layout convention and Composer parity with ``eps=0.0``). On a torch
+    there (see the module docstring for the layout convention; ``eps`` > 0 floors the weight norm, which
+    Composer does not). On a torch
     module it is Composer's ``apply_gradient_clipping(model, clipping_type, clipping_threshold, fsdp_enabled)``:
     the ``.grad`` of its parameters are clipped in place (``torch_bridge.functional.apply_gradient_clipping``).
     """
@@ -119,7 +121,7 @@ def apply_gradient_clipping(grads, clipping_type: str, clipping_threshold: float
     return jax.tree_util.tree_map(lambda g, p: _agc_leaf(g, p, thr, eps, unit_axis), grads, params)
 
 
-def clip_gradients(clipping_type: str, clipping_threshold: float, *, eps: float = 1e-3,
+def clip_gradients(clipping_type: str, clipping_threshold: float, *, eps: float = 0.0,
                    unit_axis: int = -1) -> optax.GradientTransformation:
     """The optax transformation behind :func:`GradientClipping` (stateless; uses ``params`` for 'adaptive')."""
     _check(clipping_type, clipping_threshold)
@@ -135,12 +137,14 @@ def clip_gradients(clipping_type: str, clipping_threshold: float, *, eps: float 
     return optax.GradientTransformation(init, update)
 
 
-def GradientClipping(clipping_type: str, clipping_threshold: float, *, eps: float = 1e-3,
+def GradientClipping(clipping_type: str, clipping_threshold: float, *, eps: float = 0.0,
                      unit_axis: int | None = None) -> Method:
     """Composer's ``GradientClipping(clipping_type, clipping_threshold)`` as a :class:`Method` (``tx`` slot).
 
     ``unit_axis=None`` takes the model's layout from the step (:attr:`ModelView.unit_axis`: 0 for a bridged torch
-    model, -1 for NNX); an int forces one axis for every weight."""
+    model, -1 for NNX); an int forces one axis for every weight. ``eps`` (``'adaptive'`` only; default ``0.0``,
+    Composer's rule) floors each unit's weight norm: ``eps=1e-3`` (the paper's) keeps zero-initialized units
+    (Flax's biases) training."""
     clip_gradients(clipping_type, clipping_threshold, eps=eps)  # validate now, not at trace time
 
     def tx_fn(tx, ctx):

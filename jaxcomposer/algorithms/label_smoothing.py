@@ -3,7 +3,8 @@
 Method card
 -----------
 **What it does.** Replaces hard targets with ``onehot(y) * (1 - smoothing) + smoothing / C`` before the loss, so the
-model is pushed towards confident-but-not-infinite logits (C = number of classes, the last logit axis here).
+model is pushed towards confident-but-not-infinite logits (C = number of classes: the logits' class axis, the last
+for JAX models and axis 1 for torch models and tensors, as Composer's).
 
 **When it helps.** Image classification with cross-entropy (ResNets on ImageNet/CIFAR: +0.1-0.5% top-1 at no cost).
 It changes the loss value (it no longer goes to 0), so compare runs by accuracy, not by training loss. Rarely useful
@@ -24,10 +25,13 @@ class axis is the last one for JAX and numpy arrays (our layout) and axis 1 for 
 ``data_format='NCHW'`` / ``'NHWC'`` chooses it explicitly. The two agree for ``(N, C)`` logits.
 
 **How it plugs in.** A ``loss`` slot wrapper, ``loss(loss_fn, ctx) -> loss_fn`` (docs/design.md, "Methods and
-slots"; it reads nothing from the ctx): the target under ``target_key`` is replaced by the smoothed dense
-targets for the call to the inner per-example loss (Composer's ``BEFORE_LOSS``/``AFTER_LOSS`` pair: the batch the
-rest of the step sees is untouched, which in a pure step is automatic). The inner loss must accept dense targets
-(``soft_cross_entropy`` does).
+slots"): the target under ``target_key`` is replaced by the smoothed dense targets for the call to the inner
+per-example loss (Composer's ``BEFORE_LOSS``/``AFTER_LOSS`` pair: the batch the rest of the step sees is untouched,
+which in a pure step is automatic). The inner loss must accept dense targets
+(``soft_cross_entropy`` does). The class axis follows the model's layout, read from ``ctx.model.param_layout``: a
+bridged torch model keeps torch's NCHW outputs, so its ``(N, C, H, W)`` logits are smoothed along axis 1 (the
+dense targets a torch ``F.cross_entropy`` takes, as Composer's ``ensure_targets_one_hot`` makes them); a JAX/NNX
+model's along the last axis (NHWC). The two agree for ``(N, C)`` logits.
 
 **Reference.** Szegedy et al., "Rethinking the Inception Architecture for Computer Vision", CVPR 2016
 (arXiv:1512.00567). Composer: ``composer/algorithms/label_smoothing``.
@@ -91,11 +95,14 @@ def LabelSmoothing(smoothing: float = 0.1, target_key: str = "target") -> Method
     smoothing = _check_smoothing(smoothing, "LabelSmoothing")
 
     def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
-        del ctx  # static smoothing: the wrapper reads nothing from the step
+        # a bridged torch model's outputs keep torch's layout (classes on axis 1); the outputs' own type cannot
+        # tell, since inside the step they are JAX arrays either way
+        data_format = "NCHW" if ctx.model.param_layout == "torch" else "NHWC"
 
         def smoothed_loss(outputs, batch):
             # A new dict, never an edit: the caller's batch (and so metrics) keeps the original labels.
-            return loss_fn(outputs, {**batch, target_key: smooth_labels(outputs, batch[target_key], smoothing)})
+            smoothed = smooth_labels(outputs, batch[target_key], smoothing, data_format=data_format)
+            return loss_fn(outputs, {**batch, target_key: smoothed})
 
         return smoothed_loss
 

@@ -23,7 +23,8 @@ recipe also interpolates targets (CutMix).
 
 **Functional form.** ``mixup_batch(input, target, mixing=None, alpha=0.2, indices=None, *, key=None)``: Composer's
 positional arguments (``cf.mixup_batch(x, y, 0.3, key=key)`` mixes by 0.3 as Composer's ``cf.mixup_batch(x, y,
-0.3)``), JAX, numpy or torch arrays in, the same type out (:mod:`jaxcomposer.algorithms.functional_io`). One
+0.3)``), JAX, numpy or torch arrays in, the same type out (:mod:`jaxcomposer.algorithms.functional_io`), and
+``mixing`` out as a Python float as Composer's (a 0-d array only when traced, under ``jax.jit``). One
 deliberate difference: Composer draws ``mixing`` and the permutation from numpy's and torch's global generators,
 ours from the keyword-only ``key``, so a call without ``key`` raises unless both ``mixing`` and ``indices`` are
 given (which reproduces any draw of Composer's exactly).
@@ -65,7 +66,9 @@ def mixup_batch(input: jax.Array, target: jax.Array, mixing=None, alpha: float =
 
     ``mixing`` (a scalar) and ``indices`` (a permutation of ``range(B)``) are drawn from ``key`` (keyword-only)
     when not given, so ``key`` is needed unless both are. Arrays come back in the caller's type
-    (:mod:`jaxcomposer.algorithms.functional_io`); ``mixing`` is returned as a 0-d array of that type.
+    (:mod:`jaxcomposer.algorithms.functional_io`). ``mixing`` comes back as a Python ``float``, as Composer's, for
+    JAX, numpy and torch callers alike, except under a JAX transformation (``jax.jit``, ``vmap``, ``grad``), where
+    it is traced and stays a 0-d JAX array (a float would need its value, which a trace does not have).
     """
     if alpha < 0:
         raise ValueError(f"mixup_batch: alpha must be >= 0, got {alpha}.")
@@ -81,6 +84,8 @@ def mixup_batch(input: jax.Array, target: jax.Array, mixing=None, alpha: float =
     dtype = input.dtype if jnp.issubdtype(input.dtype, jnp.floating) else jnp.float32
     x, lam = input.astype(dtype), mixing.astype(dtype)
     mixed = (1 - lam) * x + lam * x[indices]
+    if not isinstance(mixing, jax.core.Tracer):
+        mixing = float(mixing)  # Composer returns the float it drew or was given, not a tensor
     return mixed, target[indices], mixing
 
 

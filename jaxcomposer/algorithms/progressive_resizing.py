@@ -14,7 +14,9 @@ input size (global pooling before the head).
 **Hyperparameters** (Composer's names and defaults). ``mode='resize'`` (``'resize'`` or ``'crop'``);
 ``initial_scale=0.5``; ``finetune_fraction=0.2``; ``delay_fraction=0.5``; ``size_increment=4``;
 ``resize_targets=False`` (also resize ``(N, H, W)`` label maps or ``(N, H, W, C)`` dense targets, for
-segmentation). Additions: ``input_key='input'``, ``target_key='target'``, ``data_format='NHWC'`` (or ``'NCHW'``),
+segmentation). Additions: ``input_key='input'``, ``target_key='target'``, ``data_format=None`` (the model's
+layout: ``'NCHW'`` for a bridged torch model, whose batches keep torch's layout, ``'NHWC'`` for a JAX/NNX model;
+``'NHWC'`` or ``'NCHW'`` forces one),
 ``interpolation='nearest'`` (what Composer's ``resize`` does; ``'bilinear'`` as ``F.interpolate(mode='bilinear',
 align_corners=False)``, no antialiasing) and ``image_size=None`` (see "How it plugs in").
 
@@ -199,12 +201,22 @@ def _scale_at(t: float, initial_scale: float, delay_fraction: float, finetune_fr
     return initial_scale + (1.0 - initial_scale) * frac
 
 
+def _layout(data_format: str | None, ctx: StepCtx) -> str:
+    # a bridged torch model is fed torch's NCHW batches; the step context is the one place that says so
+    if data_format is not None:
+        return data_format
+    return "NCHW" if ctx.model.param_layout == "torch" else "NHWC"
+
+
 def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetune_fraction: float = 0.2,
                         delay_fraction: float = 0.5, size_increment: int = 4, resize_targets: bool = False,
-                        input_key: str = "input", target_key: str = "target", data_format: str = "NHWC",
+                        input_key: str = "input", target_key: str = "target", data_format: str | None = None,
                         interpolation: str = "nearest", image_size: int | tuple[int, int] | None = None) -> Method:
     """Composer's ``ProgressiveResizing(mode='resize', initial_scale=0.5, finetune_fraction=0.2,
-    delay_fraction=0.5, size_increment=4, resize_targets=False)`` as a :class:`Method` (``stage`` + ``batch``)."""
+    delay_fraction=0.5, size_increment=4, resize_targets=False)`` as a :class:`Method` (``stage`` + ``batch``).
+
+    ``data_format=None`` follows the model's layout (``ctx.model.param_layout``): NCHW batches for a bridged torch
+    model, NHWC for a JAX/NNX model."""
     if mode not in _VALID_MODES:
         raise ValueError(f"ProgressiveResizing: mode must be one of {_VALID_MODES}, got {mode!r}.")
     if not 0 <= initial_scale <= 1:
@@ -221,7 +233,8 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
     if interpolation not in _INTERPOLATIONS:
         raise ValueError(f"ProgressiveResizing: interpolation must be one of {_INTERPOLATIONS}, got "
                          f"{interpolation!r}.")
-    axes = spatial_axes(4, data_format, "ProgressiveResizing")
+    if data_format is not None:
+        spatial_axes(4, data_format, "ProgressiveResizing")  # validate now, not at the first step
     if image_size is not None:
         hw = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(hw) != 2 or any(isinstance(n, bool) or int(n) != n or n < 1 for n in hw):
@@ -231,13 +244,13 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
         float(delay_fraction)
     size_increment = int(size_increment)
 
-    def full_width(batch_shapes: Mapping[str, Any] | None) -> int:
+    def full_width(batch_shapes: Mapping[str, Any] | None, layout: str) -> int:
         if batch_shapes is not None and input_key in batch_shapes:
             shape = tuple(getattr(batch_shapes[input_key], "shape", batch_shapes[input_key]))
             if len(shape) != 4:
                 raise ValueError(f"ProgressiveResizing: batch[{input_key!r}] has shape {shape}; expected a 4-D image "
-                                 f"batch ({data_format}). Progressive resizing only applies to images.")
-            return int(shape[axes[1]])
+                                 f"batch ({layout}). Progressive resizing only applies to images.")
+            return int(shape[spatial_axes(4, layout, "ProgressiveResizing")[1]])
         if image_size is not None:
             return image_size[1]
         raise ValueError("ProgressiveResizing: the stage needs the full-size image width to pin sizes to "
@@ -247,7 +260,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
     def stage(batch_shapes: Mapping[str, Any] | None, ctx: StepCtx) -> Hashable:
         scale = _scale_at(int(ctx.step) / max(ctx.run.total_steps, 1), initial_scale, delay_fraction,
                           finetune_fraction)
-        width = full_width(batch_shapes)
+        width = full_width(batch_shapes, _layout(data_format, ctx))
         pinned = round(width * scale / size_increment) * size_increment
         if pinned < 1:
             raise ValueError(f"ProgressiveResizing: a {width}-pixel-wide image at scale {scale:.3f} pins to 0 pixels "
@@ -261,15 +274,15 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
                              "factor that its stage slot computes on the host. The Trainer passes it; in your own "
                              "loop pass method.stage(batch_shapes, ctx) as the step's static stage, or "
                              "call resize_batch directly.")
-        x = batch[input_key]
+        x, layout = batch[input_key], _layout(data_format, ctx)
         if x.ndim != 4:
             raise ValueError(f"ProgressiveResizing: batch[{input_key!r}] has shape {x.shape}; expected a 4-D image "
-                             f"batch ({data_format}). Progressive resizing only applies to images.")
+                             f"batch ({layout}). Progressive resizing only applies to images.")
         if resize_targets and target_key not in batch:
             raise KeyError(f"ProgressiveResizing: resize_targets=True but the batch has no {target_key!r} entry.")
         target = batch.get(target_key)
         new_x, new_target = resize_batch(x, target, ctx.stage, mode=mode, resize_targets=resize_targets,
-                                         key=ctx.key, data_format=data_format, interpolation=interpolation)
+                                         key=ctx.key, data_format=layout, interpolation=interpolation)
         out = {**batch, input_key: new_x}
         if resize_targets:
             out[target_key] = new_target

@@ -64,9 +64,10 @@ microbatches. See docs/design.md, "Methods and slots" and "The clock".
 **Functional form.** ``select_using_loss(input, target, model, loss_fun, keep=0.5, scale_factor=1.0, *, key=None,
 data_format=None)``: Composer's positional arguments, JAX, numpy or torch arrays in, the same type out
 (:mod:`jaxcomposer.algorithms.functional_io`). With torch tensors, ``model`` and ``loss_fun`` are the caller's torch
-callables, run under ``torch.no_grad()`` on NCHW tensors (the default layout for torch), and ``loss_fun`` is called
-with ``reduction='none'`` when it takes that keyword, as Composer calls it. The draw comes from the keyword-only
-``key`` (Composer: numpy's global generator), needed unless ``keep`` keeps the whole batch.
+callables, run under ``torch.no_grad()`` on NCHW tensors (the default layout for torch). As in Composer, ``loss_fun``
+is called with ``reduction='none'`` and must take that keyword (a ``TypeError`` otherwise, whatever ``keep``), and
+a ``scale_factor`` below 1 needs a 3-, 4- or 5-D input even when ``keep`` keeps everything. The draw comes from the
+keyword-only ``key`` (Composer: numpy's global generator), needed unless ``keep`` keeps the whole batch.
 
 **Reference.** Jiang et al., "Accelerating Deep Learning by Focusing on the Biggest Losers", 2019
 (arXiv:1910.00762). Composer: ``composer/algorithms/selective_backprop``.
@@ -164,14 +165,20 @@ def _selection_indices(losses: jax.Array, key: jax.Array, keep: float) -> jax.Ar
     return jnp.sort(ascending[ranks])
 
 
-def _per_example_losses(loss_fun: Callable, outputs, target) -> jax.Array:
-    """``loss_fun``'s per-example losses. A loss that takes ``reduction`` (torch's ``F.cross_entropy``, which a
-    Composer user passes) is called as Composer calls it, with ``reduction='none'``; others must return ``(B,)``."""
+def _check_loss_fun(loss_fun: Callable) -> None:
+    """Composer's check: ``loss_fun`` is called with ``reduction='none'``, so it must name that parameter (a
+    ``**kwargs`` catch-all does not count, as in Composer)."""
+    if not callable(loss_fun):
+        raise TypeError(f"select_using_loss: Loss function must be callable, got {type(loss_fun).__name__}.")
     try:
         takes_reduction = "reduction" in inspect.signature(loss_fun).parameters
-    except (TypeError, ValueError):  # builtins without a signature
+    except (TypeError, ValueError):  # builtins without a signature cannot show it
         takes_reduction = False
-    return loss_fun(outputs, target, reduction="none") if takes_reduction else loss_fun(outputs, target)
+    if not takes_reduction:
+        raise TypeError("select_using_loss: Loss function `loss_fun` must take a keyword argument `reduction`. It is "
+                        "called as loss_fun(outputs, target, reduction='none') and must return one loss per "
+                        "example; wrap a JAX loss such as soft_cross_entropy as "
+                        "lambda out, y, reduction='none': soft_cross_entropy(out, y).")
 
 
 @functional_form(arrays=("input", "target"), callables=("model", "loss_fun"))
@@ -182,22 +189,29 @@ def select_using_loss(input: jax.Array, target: jax.Array, model: Callable[[jax.
     """Composer's ``select_using_loss(input, target, model, loss_fun, keep=0.5, scale_factor=1)``: returns
     ``(input[idx], target[idx])``, the examples kept in batch order.
 
-    ``model(x) -> outputs``; ``loss_fun(outputs, target)`` returns ``(B,)`` per-example losses (called with
-    ``reduction='none'`` when it takes that keyword, as Composer calls it). The scoring pass sees ``input``
-    downscaled by ``scale_factor`` (spatial axes per ``data_format``; NCHW by default for torch tensors); its losses
-    carry no gradient. The draw comes from ``key`` (keyword-only), needed unless ``keep`` keeps the whole batch.
-    With torch tensors, ``model`` and ``loss_fun`` are the caller's torch callables, run under ``torch.no_grad()``
-    (:mod:`jaxcomposer.algorithms.functional_io`).
+    ``model(x) -> outputs``; ``loss_fun(outputs, target, reduction='none')`` returns ``(B,)`` per-example losses:
+    as Composer's, ``loss_fun`` must take the ``reduction`` keyword, or a ``TypeError`` is raised (torch's
+    ``F.cross_entropy`` does; wrap a JAX loss as ``lambda out, y, reduction='none': soft_cross_entropy(out, y)``).
+    The scoring pass sees ``input`` downscaled by ``scale_factor`` (spatial axes per ``data_format``; NCHW by
+    default for torch tensors), which needs a 3-, 4- or 5-D ``input``; its losses carry no gradient. These checks
+    run on every call, as Composer's. The draw comes from ``key`` (keyword-only), needed unless ``keep`` keeps the
+    whole batch; such a call returns the batch as given, in batch order, without scoring it (Composer scores it
+    and returns a random permutation of it). With torch tensors, ``model`` and ``loss_fun`` are the caller's torch
+    callables, run under ``torch.no_grad()`` (:mod:`jaxcomposer.algorithms.functional_io`).
     """
     _check_keep(keep, "select_using_loss")
     _check_scale(scale_factor, "select_using_loss")
     _check_format(data_format, "select_using_loss")
+    _check_loss_fun(loss_fun)
+    if scale_factor < 1 and input.ndim not in (3, 4, 5):
+        raise ValueError(f"select_using_loss: input must be 3D, 4D, or 5D if scale_factor != 1, got {input.ndim}D "
+                         f"(shape {input.shape}).")
     if _num_selected(input.shape[0], keep) < input.shape[0]:
         require_key(key, "select_using_loss", "which examples to keep, with probability by loss rank")
     else:  # every example is kept, in batch order: no draw
         return input, target
     scaled = _downscale(input, scale_factor, data_format) if scale_factor < 1 else input
-    losses = jax.lax.stop_gradient(_per_example_losses(loss_fun, model(scaled), target))
+    losses = jax.lax.stop_gradient(loss_fun(model(scaled), target, reduction="none"))
     idx = _selection_indices(losses, key, keep)
     return input[idx], target[idx]
 

@@ -432,8 +432,10 @@ def _counter(value: Any, name: str) -> Count:
 
 @dataclasses.dataclass(frozen=True)
 class Timestamp:
-    """Progress of a run. Immutable: the trainer swaps in the result of ``to_next_batch`` etc., so callbacks that
-    keep a reference see a consistent snapshot rather than counters that move under them.
+    """Progress of a run. Immutable, as Composer's: the trainer swaps in the result of ``to_next_batch`` etc.
+    (``state.timestamp`` is assignable, the fields are not), so callbacks that keep a reference see a consistent
+    snapshot rather than counters that move under them. Composer's two exceptions hold here too: the
+    ``epoch_in_iteration`` setter and the in-place :meth:`load_state_dict`; the trainer uses neither.
 
     The constructor and :meth:`copy` take each counter as Composer's do: an ``int``, a :class:`Time` in the
     counter's unit (``timestamp.copy(epoch=Time(0, 'ep'))``) or a time string (``'3ep'``). A Time in another unit
@@ -444,9 +446,7 @@ class Timestamp:
 
     - counters are stored and read as plain ``int`` (Composer's properties return ``Time[int]``); ``get(unit)``
       gives the Time, and ``timestamp.epoch == 1`` holds in both;
-    - no field can be assigned: Composer's Timestamp is immutable except for an ``epoch_in_iteration`` setter and
-      an in-place ``load_state_dict``. Write ``ts = ts.copy(epoch_in_iteration=2)`` and
-      ``ts = ts.load_state_dict(d)`` (which returns the loaded Timestamp) instead;
+    - ``load_state_dict`` also returns the Timestamp it loaded into (Composer's returns None);
     - a ``bool`` counter is refused (Composer counts ``True`` as 1).
     """
 
@@ -602,8 +602,25 @@ class Timestamp:
         return cls(**kwargs)
 
     def load_state_dict(self, state: dict[str, Any]) -> "Timestamp":
-        """Returns the loaded Timestamp (this one is immutable, so it cannot be filled in place)."""
-        return Timestamp.from_state_dict(state)
+        """Loads ``state`` into this Timestamp in place, as Composer's (``state.timestamp.load_state_dict(d)``, its
+        return value ignored, must not be a silent no-op), and returns it."""
+        loaded = Timestamp.from_state_dict(state)
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, getattr(loaded, f.name))
+        return self
+
+
+def _timestamp_setattr(self: Timestamp, name: str, value: Any) -> None:
+    # Composer's Timestamp has a setter for this one field; a frozen dataclass may not define __setattr__ in its
+    # body, hence the assignment after the class
+    if name == "epoch_in_iteration":
+        object.__setattr__(self, name, _counter(value, name))
+    else:
+        _frozen_setattr(self, name, value)
+
+
+_frozen_setattr = Timestamp.__setattr__
+Timestamp.__setattr__ = _timestamp_setattr
 
 
 def to_batches(

@@ -15,6 +15,7 @@ from jaxcomposer.optim.schedulers import (
     PolynomialScheduler,
     PolynomialWithWarmupScheduler,
     StepScheduler,
+    call_function_scheduler,
     compose_schedules,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "PolynomialWithWarmupScheduler",
     "SGDWState",
     "StepScheduler",
+    "call_function_scheduler",
     "compose_schedules",
 ]

@@ -28,12 +28,14 @@ the exception: it follows Composer's code and holds ``alpha`` after t_max, where
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from typing import Callable, Sequence, Union
 
 import jax.numpy as jnp
 
 from jaxcomposer.core.time import Time, TimeUnit, time_arg, to_batches
+from jaxcomposer.errors import ConfigurationError
 
 __all__ = [
     "ComposerScheduler",
@@ -51,6 +53,7 @@ __all__ = [
     "CosineAnnealingWithWarmupScheduler",
     "PolynomialWithWarmupScheduler",
     "compose_schedules",
+    "call_function_scheduler",
 ]
 
 TimeLike = Union[Time, str]
@@ -532,3 +535,21 @@ class PolynomialWithWarmupScheduler(_Warmup):
             return self._warm(step, t_w, 1.0, after)
 
         return fn
+
+
+def call_function_scheduler(scheduler: Callable, state, ssr: float = 1.0):
+    """A Composer-style function scheduler's LR multiplier at ``state``, called as Composer's
+    ``compile_composer_scheduler`` calls it: ``scheduler(state)`` when its signature has exactly one parameter
+    (``lambda state: 0.5``), ``scheduler(state, ssr)`` otherwise. A one-parameter scheduler cannot be scaled, so
+    with ``ssr != 1`` it raises a :class:`ConfigurationError` (a ``ValueError``, as Composer's)."""
+    try:
+        n_params = len(inspect.signature(scheduler).parameters)
+    except (TypeError, ValueError):  # a callable without a signature gets the two-argument call, as any other
+        n_params = None
+    if n_params != 1:
+        return scheduler(state, ssr)
+    if ssr != 1.0:
+        raise ConfigurationError(f"Scheduler {getattr(scheduler, '__name__', scheduler)!r} does not support "
+                                 f"`scale_schedule_ratio` (got {ssr}). To use `scale_schedule_ratio`, the scheduler "
+                                 "must take two arguments (state, ssr).")
+    return scheduler(state)

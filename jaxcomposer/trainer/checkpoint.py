@@ -227,6 +227,15 @@ def restore(step_dir: Path, target: TrainState, *, weights_only: bool = False, i
     return state, timestamp, meta
 
 
+def read_weights(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """A checkpoint's weights as host arrays by dotted path (``params.<name>``, ``model_state.<name>``), verified
+    first; what :func:`torch_bridge.weights_from_checkpoint` maps back onto a torch module's ``state_dict``."""
+    path = resolve_load_path(checkpoint_dir)
+    verify_checksums(path, path.name)
+    host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+    return {name: jax.device_get(x) for name, x in _restore_item(path / WEIGHTS, lambda name, shape: host).items()}
+
+
 # ---- one directory: Trainer.save_checkpoint / load_path ----------------------------------------------------------
 def save_checkpoint(path: str | Path, train_state: TrainState, timestamp: Timestamp, meta: dict | None = None, *,
                     weights_only: bool = False) -> Path:
@@ -259,6 +268,8 @@ def save_checkpoint(path: str | Path, train_state: TrainState, timestamp: Timest
 def resolve_load_path(load_path: str | Path) -> Path:
     """A checkpoint directory, or a ``save_folder`` (its newest good step). Raises naming the path otherwise."""
     path = Path(load_path).expanduser().absolute()
+    if path.is_symlink():  # Composer's names (ep1-ba4-rank0.pt, latest-rank0.pt) link to the step they name
+        path = path.resolve()
     if not path.exists():
         raise CheckpointError(f"load_path: {str(load_path)!r} does not exist (resolved to {path})")
     if is_checkpoint_dir(path):
@@ -279,6 +290,46 @@ def resolve_load_path(load_path: str | Path) -> Path:
                           f"{META_FILE} inside it) nor a save_folder holding a good one")
 
 
+# ---- Composer's file names: links to the verified step directories ---------------------------------------------
+SAVE_FILENAME = "ep{epoch}-ba{batch}-rank{rank}.pt"
+SAVE_LATEST_FILENAME = "latest-rank{rank}.pt"
+
+
+def format_name(pattern: str, timestamp: Timestamp, run_name: str | None) -> str:
+    """Composer's checkpoint name variables: ``{run_name}``, ``{rank}``, ``{local_rank}``, ``{world_size}``,
+    ``{node_rank}``, ``{epoch}``, ``{batch}``, ``{batch_in_epoch}``, ``{sample}``, ``{sample_in_epoch}``,
+    ``{token}``, ``{token_in_epoch}``."""
+    values = {"run_name": run_name or "", "rank": jax.process_index(), "local_rank": 0,
+              "world_size": jax.process_count(), "local_world_size": 1, "node_rank": jax.process_index()}
+    for unit in ("epoch", "batch", "batch_in_epoch", "sample", "sample_in_epoch", "token", "token_in_epoch"):
+        values[unit] = int(getattr(timestamp, unit))
+    try:
+        return pattern.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise CheckpointError(f"save_filename: {pattern!r} uses {e}, which is not one of Composer's variables "
+                              f"{sorted(values)}") from None
+
+
+def check_name_pattern(pattern: str | None, argument: str) -> None:
+    """Refuse, before anything is written, a name pattern that cannot be formatted or leaves ``save_folder``."""
+    if pattern is None:
+        return
+    name = format_name(pattern, Timestamp(), "run")
+    if Path(name).is_absolute() or ".." in Path(name).parts or not name:
+        raise CheckpointError(f"{argument}: {pattern!r} must name a file inside save_folder (relative, no '..')")
+
+
+def link(folder: Path, name: str, step: int) -> None:
+    """``folder/name`` becomes a link to the step directory, replacing an older link of that name atomically."""
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(os.path.relpath(folder / str(step), path.parent), tmp, target_is_directory=True)
+    os.replace(tmp, path)
+
+
 class CheckpointStore:
     """Periodic checkpoints of a run in ``folder`` (Composer's ``save_folder``), one orbax step per saved batch.
 
@@ -294,8 +345,14 @@ class CheckpointStore:
     """
 
     def __init__(self, folder: str | Path, *, keep: int = -1, async_save: bool = True, overwrite: bool = False,
-                 weights_only: bool = False, small_state_bytes: int = flat_arrays.SMALL_STATE_BYTES):
+                 weights_only: bool = False, small_state_bytes: int = flat_arrays.SMALL_STATE_BYTES,
+                 filename: str | None = SAVE_FILENAME, latest_filename: str | None = SAVE_LATEST_FILENAME,
+                 run_name: str | None = None):
         self.folder = Path(folder).absolute()  # orbax needs absolute paths
+        check_name_pattern(filename, "save_filename")
+        check_name_pattern(latest_filename, "save_latest_filename")
+        self.filename, self.latest_filename, self.run_name = filename, latest_filename, run_name
+        self._unnamed: list[tuple[int, Timestamp]] = []  # saved steps whose Composer names wait for their commit
         self.small_state_bytes = small_state_bytes  # states up to this size are written as .npz items (flat_arrays)
         if keep == 0 or keep < -1:
             raise CheckpointError(f"save_num_checkpoints_to_keep: got {keep}, expected -1 (keep all) or >= 1")
@@ -349,9 +406,11 @@ class CheckpointStore:
     def save(self, step: int, train_state: TrainState, timestamp: Timestamp, meta: dict | None = None) -> None:
         manager = self.manager
         manager.wait_until_finished()  # one save in flight: the sealing callback knows which step it seals
+        self._name_committed()
         for old in sorted(self._stale):
             manager.delete(old)
         self._stale = set()
+        self._unnamed.append((step, timestamp))
         items = split_state(train_state, self.weights_only)
         if flat_arrays.is_small_state(items, self.small_state_bytes):
             args = {name: flat_arrays.FlatArraysSave(flat_arrays.host_copy(flat_paths(tree)))
@@ -366,6 +425,25 @@ class CheckpointStore:
             manager.wait_until_finished()
             if (self.folder / str(step)).is_dir():
                 write_checksums(self.folder / str(step))
+            self._name_committed()
+
+    def _name_committed(self) -> None:
+        """Composer's names for the steps committed since the last call (``ep1-ba4-rank0.pt``, and
+        ``latest-rank0.pt`` moved to the newest), made only once a step is complete and checksummed, so a name
+        never points at a torn save; names of steps pruned by ``keep`` are removed with them."""
+        if not self.folder.is_dir() or (self.filename is None and self.latest_filename is None):
+            self._unnamed = []
+            return
+        for step, timestamp in self._unnamed:
+            if (self.folder / str(step)).is_dir():
+                if self.filename is not None:
+                    link(self.folder, format_name(self.filename, timestamp, self.run_name), step)
+                if self.latest_filename is not None:
+                    link(self.folder, format_name(self.latest_filename, timestamp, self.run_name), step)
+        self._unnamed = []
+        for path in self.folder.rglob("*"):
+            if path.is_symlink() and not path.exists():  # its step was pruned (save_num_checkpoints_to_keep)
+                path.unlink()
 
     def restore(self, step: int, target_state: TrainState, **kw) -> tuple[TrainState, Timestamp | None, dict]:
         return restore(self.folder / str(step), target_state, label=f"checkpoint step {step} in {self.folder}", **kw)
@@ -373,6 +451,7 @@ class CheckpointStore:
     def wait(self) -> None:
         if self._manager is not None:
             self._manager.wait_until_finished()
+            self._name_committed()
 
     def close(self) -> None:
         if self._manager is not None:

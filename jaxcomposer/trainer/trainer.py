@@ -38,7 +38,7 @@ from jaxcomposer.metrics.base import check_metrics, compute_all, sum_states
 from jaxcomposer.loggers.logger import is_ready
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
-from jaxcomposer.optim import DecoupledSGDW, compose_schedules
+from jaxcomposer.optim import DecoupledSGDW, call_function_scheduler, compose_schedules
 from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 from jaxcomposer.utils import reproducibility
@@ -87,6 +87,8 @@ class Trainer(ReadsPlan):
                  console_log_interval: int | str | Time = "1ba", console_stream: str = "stderr",
                  load_path: str | Path | None = None, save_folder: str | Path | None = None,
                  save_interval: int | str | Time | Callable = "1ep", save_num_checkpoints_to_keep: int = -1,
+                 save_filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt",
+                 save_latest_filename: str | None = "latest-rank{rank}.pt",
                  save_overwrite: bool = False, save_weights_only: bool = False, load_weights_only: bool = False,
                  load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None,
@@ -142,9 +144,7 @@ class Trainer(ReadsPlan):
         self._skips_in_a_row = 0
         self.save_interval = a.save_interval if callable(a.save_interval) else \
             options.parse_interval(a.save_interval, "save_interval")
-        self.store, resume_step = self._checkpoint_store(a.save_folder, a.save_num_checkpoints_to_keep,
-                                                         a.save_overwrite, a.save_weights_only, a.autoresume,
-                                                         a.run_name)
+        self.store, resume_step = self._checkpoint_store(a)
         if a.load_ignore_keys and a.load_path is None:
             raise ConfigurationError(f"load_ignore_keys: {a.load_ignore_keys} given without load_path")
         load_dir = None if a.load_path is None or resume_step is not None else \
@@ -536,8 +536,12 @@ class Trainer(ReadsPlan):
     def _meta(self) -> dict:
         return {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}
 
-    def _checkpoint_store(self, save_folder, keep, overwrite, weights_only, autoresume, run_name):
-        """The run's CheckpointStore (or None) and the step autoresume continues from (or None)."""
+    def _checkpoint_store(self, a) -> tuple[checkpoint.CheckpointStore | None, int | None]:
+        """The run's CheckpointStore (or None) and the step autoresume continues from (or None), from the
+        validated arguments ``a``."""
+        save_folder, keep, overwrite, weights_only, autoresume, run_name = (
+            a.save_folder, a.save_num_checkpoints_to_keep, a.save_overwrite, a.save_weights_only, a.autoresume,
+            a.run_name)
         if autoresume:
             needs = [(save_folder is None, "save_folder (where to look for the latest checkpoint)"),
                      (run_name is None, "run_name (so a relaunch is recognised as the same run)")]
@@ -553,7 +557,11 @@ class Trainer(ReadsPlan):
         if save_folder is None:
             return None, None
         try:
-            store = checkpoint.CheckpointStore(save_folder, keep=keep, overwrite=overwrite, weights_only=weights_only)
+            # Composer's save_folder may name the run: '{run_name}/checkpoints'
+            save_folder = str(save_folder).replace("{run_name}", self.run_name)
+            store = checkpoint.CheckpointStore(save_folder, keep=keep, overwrite=overwrite, weights_only=weights_only,
+                                               filename=a.save_filename, latest_filename=a.save_latest_filename,
+                                               run_name=self.run_name)
         except checkpoint.CheckpointError as e:
             raise ConfigurationError(str(e)) from e
         latest = store.latest_step()
@@ -719,10 +727,10 @@ class Trainer(ReadsPlan):
         value = 1.0
         for i, sched in enumerate(self.host_schedulers):
             try:
-                value *= float(sched(self.state, self.scale_schedule_ratio))
+                value *= float(call_function_scheduler(sched, self.state, self.scale_schedule_ratio))
             except TypeError as e:
-                raise ConfigurationError(f"schedulers[{i}]: calling {getattr(sched, '__name__', sched)!r}(state, "
-                                         f"ssr) failed ({e}); a function scheduler has Composer's signature "
+                raise ConfigurationError(f"schedulers[{i}]: calling {getattr(sched, '__name__', sched)!r} failed "
+                                         f"({e}); a function scheduler has Composer's signature (state) or "
                                          "(state, ssr=1.0) -> float") from e
         return value
 

@@ -78,19 +78,40 @@ def test_adaptive_per_unit_bound(key):
     g, p = _tree(key, scale=2.0), _tree(jax.random.fold_in(key, 1))
     out = apply_gradient_clipping(g, "adaptive", thr, params=p)
     for go, gi, w in zip(*(jax.tree_util.tree_leaves(t) for t in (out, g, p))):
-        bound = thr * jnp.maximum(unitwise_norm(w), 1e-3)
+        bound = thr * unitwise_norm(w)  # Composer's: no floor on the weight norm by default
         assert bool((unitwise_norm(go) <= bound * (1 + 1e-5)).all())
         untouched = unitwise_norm(gi) <= bound  # units under the bound keep their gradient exactly
         np.testing.assert_array_equal(jnp.where(untouched, go, 0), jnp.where(untouched, gi, 0))
 
 
-def test_adaptive_eps_keeps_zero_init_units_training():
-    g = {"bias": jnp.ones((3,))}
-    p = {"bias": jnp.zeros((3,))}  # Flax's default bias init
-    np.testing.assert_allclose(apply_gradient_clipping(g, "adaptive", 0.1, p)["bias"],
-                               jnp.ones(3) * 1e-4 / jnp.sqrt(3.0), rtol=1e-5)
-    # Composer (eps=0): a zero-norm parameter gets a zero gradient.
-    np.testing.assert_array_equal(apply_gradient_clipping(g, "adaptive", 0.1, p, eps=0.0)["bias"], jnp.zeros(3))
+def test_adaptive_default_is_composers_and_eps_keeps_zero_init_units_training():
+    g = {"bias": jnp.ones((3,)), "w": jnp.full((2, 3), 2e-4)}
+    p = {"bias": jnp.zeros((3,)), "w": jnp.full((2, 3), 1e-4)}  # Flax's default bias init; tiny weights
+    # Composer's rule by default (no floor): a zero-norm parameter gets a zero gradient, and a unit whose weight
+    # norm is under 1e-3 is clipped to thr * ||W||_u (here 0.1 * 1e-4 * sqrt(2), so g is scaled by 0.05)
+    out = apply_gradient_clipping(g, "adaptive", 0.1, p)
+    np.testing.assert_array_equal(out["bias"], jnp.zeros(3))
+    np.testing.assert_allclose(out["w"], jnp.full((2, 3), 1e-5), rtol=1e-5)
+    for name in ("bias", "w"):
+        coeff = _composer_agc_coeff(torch.tensor(np.asarray(p[name]).T), torch.tensor(np.asarray(g[name]).T), 0.1)
+        np.testing.assert_allclose(out[name], (torch.tensor(np.asarray(g[name]).T) * coeff).numpy().T, rtol=1e-5)
+    # eps=1e-3 (the paper's floor, opt-in): the zero-init unit trains, bounded by thr * eps
+    floored = apply_gradient_clipping(g, "adaptive", 0.1, p, eps=1e-3)
+    np.testing.assert_allclose(floored["bias"], jnp.ones(3) * 1e-4 / jnp.sqrt(3.0), rtol=1e-5)
+    # the weight norm 1.4e-4 floored to 1e-3: each unit's gradient norm is clipped to 1e-4, not 1.4e-5
+    np.testing.assert_allclose(floored["w"], jnp.full((2, 3), 1e-4 / np.sqrt(2.0)), rtol=1e-5)
+
+
+def test_adaptive_tx_slot_default_is_composers(key):
+    p = {"b": jnp.zeros((3,)), "k": jax.random.normal(key, (4, 3))}
+    g = {"b": jnp.ones((3,)), "k": 5.0 * jax.random.normal(jax.random.fold_in(key, 1), (4, 3))}
+    for kwargs, expected in (({}, apply_gradient_clipping(g, "adaptive", 0.1, p, eps=0.0)),
+                             ({"eps": 1e-3}, apply_gradient_clipping(g, "adaptive", 0.1, p, eps=1e-3))):
+        tx = GradientClipping("adaptive", 0.1, **kwargs).tx(optax.sgd(-1.0), make_ctx(0))
+        updates, _ = tx.update(g, tx.init(p), p)
+        for a, b in zip(jax.tree_util.tree_leaves(updates), jax.tree_util.tree_leaves(expected)):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert not np.any(np.asarray(apply_gradient_clipping(g, "adaptive", 0.1, p)["b"]))  # zero weights: zero grad
 
 
 def _composer_agc_coeff(weights, grad, thr):

@@ -6,6 +6,7 @@ import torch
 
 from tests.algorithms.algo_testing import make_ctx
 from jaxcomposer.algorithms import LabelSmoothing, smooth_labels
+from jaxcomposer.core.method import ModelView
 from jaxcomposer.core.model import soft_cross_entropy
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example
@@ -45,6 +46,77 @@ def test_spatial_targets():
     out = smooth_labels(jnp.zeros((1, 2, 2, 3)), jnp.zeros((1, 2, 2), jnp.int32), 0.3)
     assert out.shape == (1, 2, 2, 3)
     np.testing.assert_allclose(out[..., 0], 0.8, rtol=1e-6)
+
+
+def _composer_smoothed_nchw(y: torch.Tensor, n_classes: int, s: float) -> torch.Tensor:
+    # Composer's ensure_targets_one_hot puts the one-hot of (N, H, W) targets on dim 1
+    return torch.nn.functional.one_hot(y, n_classes).permute(0, 3, 1, 2).float() * (1 - s) + s / n_classes
+
+
+def test_torch_nchw_segmentation_targets_smooth_along_axis_1():
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(2, 4, 3, 5, generator=g), torch.randint(0, 4, (2, 3, 5), generator=g)
+    got = smooth_labels(logits, y, 0.1)  # torch tensors: Composer's layout, classes on axis 1
+    assert isinstance(got, torch.Tensor) and got.shape == (2, 4, 3, 5)
+    torch.testing.assert_close(got, _composer_smoothed_nchw(y, 4, 0.1), rtol=1e-6, atol=1e-7)
+    # JAX arrays told the layout give the same targets; by default (NHWC) the class axis is the last one
+    nchw = smooth_labels(jnp.asarray(logits.numpy()), jnp.asarray(y.numpy()), 0.1, data_format="NCHW")
+    np.testing.assert_allclose(nchw, got.numpy(), rtol=1e-6)
+    nhwc = smooth_labels(jnp.moveaxis(jnp.asarray(logits.numpy()), 1, -1), jnp.asarray(y.numpy()), 0.1)
+    np.testing.assert_allclose(nhwc, np.moveaxis(got.numpy(), 1, -1), rtol=1e-6)
+
+
+def test_loss_wrapper_follows_the_models_layout(key):
+    logits = jax.random.normal(key, (2, 4, 3, 5))  # (N, C, H, W): a bridged torch model's outputs
+    y = jax.random.randint(jax.random.fold_in(key, 1), (2, 3, 5), 0, 4)
+    seen = []
+    inner = lambda o, b: (seen.append(b["target"]), jnp.zeros((o.shape[0],)))[1]
+    LabelSmoothing(0.1).loss(inner, make_ctx(0, model=ModelView(param_layout="torch")))(logits, {"target": y})
+    expected = _composer_smoothed_nchw(torch.from_numpy(np.array(y)).long(), 4, 0.1).numpy()
+    np.testing.assert_allclose(seen[-1], expected, rtol=1e-6)
+    nhwc = jnp.moveaxis(logits, 1, -1)  # a JAX model's (N, H, W, C) outputs: classes last
+    LabelSmoothing(0.1).loss(inner, make_ctx(0))(nhwc, {"target": y})
+    np.testing.assert_allclose(seen[-1], np.moveaxis(expected, 1, -1), rtol=1e-6)
+
+
+def test_torch_segmentation_model_in_trainer_matches_torch_cross_entropy():
+    """A bridged torch segmentation model's (N, C, H, W) outputs, smoothed along C: the first step's loss is torch's
+    F.cross_entropy on Composer's smoothed targets (it used to fail: targets smoothed along W reached torch's
+    cross_entropy as class indices)."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import torch_bridge
+    from jaxcomposer.core.events import Callback
+    from jaxcomposer.trainer.trainer import Trainer
+
+    class Seg(torch_bridge.ComposerModel):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 1)
+
+        def forward(self, batch):
+            return self.conv(batch[0])
+
+        def loss(self, outputs, batch):
+            return F.cross_entropy(outputs, batch[1])
+
+    class Losses(Callback):
+        def __init__(self):
+            self.values = []
+
+        def batch_end(self, state, logger):
+            self.values.append(float(state.batch_metrics["loss"]))
+
+    torch.manual_seed(0)
+    model, losses = Seg(), Losses()
+    x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 4, (8, 8, 8))
+    with torch.no_grad():
+        expected = F.cross_entropy(model((x[:4], y[:4])), _composer_smoothed_nchw(y[:4], 4, 0.1)).item()
+    Trainer(model=model, train_dataloader=DataLoader(TensorDataset(x, y), batch_size=4), max_duration="2ba",
+            algorithms=[LabelSmoothing(0.1)], callbacks=[losses], progress_bar=False, seed=0).fit()
+    assert len(losses.values) == 2 and np.all(np.isfinite(losses.values))
+    assert losses.values[0] == pytest.approx(expected, rel=1e-5)
 
 
 def test_matches_torch_label_smoothing_cross_entropy(key):

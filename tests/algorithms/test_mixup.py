@@ -31,6 +31,26 @@ def test_hand_checked_mix():
     assert float(lam) == 0.25
 
 
+def test_mixing_comes_back_as_composers_python_float(key):
+    """Composer returns the float it drew or was given; a 0-d array only where the call is traced."""
+    import torch
+
+    x, y = np.arange(12.0, dtype=np.float32).reshape(4, 3), np.arange(4)
+    perm = np.array([1, 2, 3, 0])
+    for xs, ys, ps in ((x, y, perm), (jnp.asarray(x), jnp.asarray(y), jnp.asarray(perm)),
+                       (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(perm))):
+        mixed, _, given = mixup_batch(xs, ys, 0.3, indices=ps)
+        assert type(given) is float and given == pytest.approx(0.3), type(xs)
+        np.testing.assert_allclose(np.asarray(mixed), 0.7 * x + 0.3 * x[perm], rtol=1e-6)
+        _, _, drawn = mixup_batch(xs, ys, alpha=1.0, key=key)
+        assert type(drawn) is float and 0.0 <= drawn <= 0.5, type(xs)
+    assert mixup_batch(x, y, alpha=1.0, key=key)[2] == mixup_batch(jnp.asarray(x), jnp.asarray(y), alpha=1.0,
+                                                                   key=key)[2]
+    traced = jax.jit(lambda k: mixup_batch(jnp.asarray(x), jnp.asarray(y), alpha=1.0, key=k)[2])(key)
+    assert isinstance(traced, jax.Array) and traced.shape == () and float(traced) == pytest.approx(
+        mixup_batch(x, y, alpha=1.0, key=key)[2])
+
+
 def test_alpha_zero_is_identity(key):
     x = jax.random.normal(key, (4, 3, 3, 2))
     mixed, _, lam = mixup_batch(x, jnp.arange(4), alpha=0.0, key=key)

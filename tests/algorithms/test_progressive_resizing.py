@@ -1,3 +1,5 @@
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,7 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxcomposer.algorithms import ProgressiveResizing, resize_batch
-from jaxcomposer.core.method import Method
+from jaxcomposer.core.method import Method, ModelView
 from tests.algorithms.algo_testing import make_batch, make_ctx
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example
@@ -230,3 +232,66 @@ def test_trainer_compiles_once_per_stage():
     assert seen == [(32, 4, 4, 1), (32, 6, 6, 1), (32, 8, 8, 1)]
     assert np.isfinite(float(trainer.state.batch_metrics["loss"]))
 
+
+def test_layout_follows_the_model(key):
+    """A bridged torch model's batches are NCHW: the stage pins the width (axis 3) and the batch slot shrinks H and
+    W; a JAX/NNX model's are NHWC. It used to read NCHW as NHWC: (16, 3, 32, 32) became (16, 1, 16, 32)."""
+    method = ProgressiveResizing(initial_scale=0.5)
+    torch_ctx = _host(0, 10)._replace(model=ModelView(param_layout="torch"))
+    nchw = jax.random.uniform(key, (16, 3, 32, 24))
+    stage = method.stage({"input": nchw.shape}, torch_ctx)
+    assert stage == 0.5  # width 24 pinned to 12: a factor of 0.5 (not 16 / 32 read from H)
+    out = method.batch({"input": nchw, "target": jnp.arange(16)}, torch_ctx._replace(stage=stage))
+    assert out["input"].shape == (16, 3, 16, 12)
+    np.testing.assert_array_equal(out["input"], nchw[:, :, ::2, ::2])  # nearest at 0.5 keeps every other pixel
+    nhwc = jnp.transpose(nchw, (0, 2, 3, 1))
+    assert method.stage({"input": nhwc.shape}, _host(0, 10)) == 0.5
+    out = method.batch({"input": nhwc}, make_ctx(0, stage=0.5))
+    np.testing.assert_array_equal(out["input"], nhwc[:, ::2, ::2, :])
+    forced = ProgressiveResizing(initial_scale=0.5, data_format="NHWC")  # an explicit layout wins
+    assert forced.batch({"input": nchw}, torch_ctx._replace(stage=0.5))["input"].shape == (16, 1, 16, 24)
+
+
+def test_resize_batch_on_torch_tensors_is_nchw():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(4, 3, 32, 32, generator=g), torch.randint(0, 5, (4, 32, 32), generator=g)
+    out, target = resize_batch(x, y, 0.5, resize_targets=True)  # Composer's positional call
+    assert isinstance(out, torch.Tensor) and out.shape == (4, 3, 16, 16)
+    torch.testing.assert_close(out, torch.nn.functional.interpolate(x, scale_factor=0.5, mode="nearest"))
+    assert target.dtype == torch.int64 and torch.equal(target, y[:, ::2, ::2])
+
+
+def test_torch_cnn_in_trainer_sees_nchw_batches_resized():
+    """A small torch CNN on (N, 3, 32, 32) images: at scale 0.5 its forward gets (N, 3, 16, 16) (the bridge
+    exports a graph for that size), and the loss is torch's on the resized images."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from jaxcomposer.core.events import Callback
+    from jaxcomposer.trainer.trainer import Trainer
+
+    class Losses(Callback):
+        def __init__(self):
+            self.values = []
+
+        def batch_end(self, state, logger):
+            self.values.append(float(state.batch_metrics["loss"]))
+
+    seen, losses = [], Losses()
+    spy = Method(name="Spy", batch=lambda b, ctx: (seen.append(tuple(b["input"].shape)), b)[1])
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    start = copy.deepcopy(net)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 2, (16,))
+    trainer = Trainer(model=net, train_dataloader=DataLoader(TensorDataset(x, y), batch_size=8), max_duration="2ba",
+                      algorithms=[ProgressiveResizing(initial_scale=0.5), spy], callbacks=[losses],
+                      progress_bar=False, seed=0, devices=jax.devices()[:1])
+    assert trainer.model_view.param_layout == "torch"
+    trainer.fit()
+    assert seen == [(8, 3, 16, 16)]  # both steps at scale 0.5 (t < delay_fraction): one size, one trace
+    with torch.no_grad():
+        small = torch.nn.functional.interpolate(x[:8], scale_factor=0.5, mode="nearest")
+        expected = torch.nn.functional.cross_entropy(start(small), y[:8]).item()
+    assert losses.values[0] == pytest.approx(expected, rel=1e-5)

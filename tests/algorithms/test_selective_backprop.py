@@ -18,6 +18,12 @@ from tests.algorithms.algo_testing import Example
 EXAMPLE = Example(lambda: algorithms.SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interrupt=0))
 
 
+def _per_example_ce(outputs, target, reduction="none"):
+    """soft_cross_entropy in the form select_using_loss calls a loss (Composer's: with ``reduction='none'``)."""
+    assert reduction == "none"
+    return soft_cross_entropy(outputs, target)
+
+
 def _host(step, total):
     """The ctx the stage slot sees on the host at ``step`` of ``total``: the clock as a Python int."""
     return make_ctx(0, total_steps=total)._replace(step=step)
@@ -91,7 +97,7 @@ def test_select_using_loss_pairs_inputs_with_targets(key):
     x = jnp.arange(16.0).reshape(16, 1) * jnp.ones((1, 3))
     y = jnp.arange(16) % 5
     model = lambda inp: jnp.concatenate([inp[:, :1], jnp.zeros((inp.shape[0], 4))], axis=1)
-    loss_fun = lambda out, t: soft_cross_entropy(out, t)
+    loss_fun = _per_example_ce
     xs, ys = select_using_loss(x, y, model, loss_fun, keep=0.5, key=key)
     assert xs.shape == (8, 3) and ys.shape == (8,)
     rows = np.asarray(xs[:, 0]).astype(int)
@@ -144,14 +150,14 @@ def test_scoring_pass_sees_downscaled_inputs(key):
         return jnp.zeros((inp.shape[0], 5))
 
     x = jax.random.uniform(key, (4, 8, 8, 3))
-    xs, _ = jax.jit(lambda x: select_using_loss(x, jnp.arange(4), model, soft_cross_entropy, keep=0.5, key=key,
+    xs, _ = jax.jit(lambda x: select_using_loss(x, jnp.arange(4), model, _per_example_ce, keep=0.5, key=key,
                                                 scale_factor=0.5))(x)
     assert seen == [(4, 4, 4, 3)] and xs.shape == (2, 8, 8, 3)  # scored small, kept at full size
 
 
 def test_errors(key):
     x, y = jnp.zeros((4, 6)), jnp.arange(4)
-    model, loss_fun = (lambda inp: inp[:, :5]), soft_cross_entropy
+    model, loss_fun = (lambda inp: inp[:, :5]), _per_example_ce
     with pytest.raises(ValueError, match="3D, 4D, or 5D"):
         select_using_loss(x, y, model, loss_fun, scale_factor=0.5, key=key)
     with pytest.raises(ValueError, match="scale_factor"):
@@ -159,7 +165,7 @@ def test_errors(key):
     with pytest.raises(ValueError, match="keep"):
         select_using_loss(x, y, model, loss_fun, keep=0.0, key=key)
     with pytest.raises(ValueError, match="one value per example"):
-        select_using_loss(x, y, model, lambda o, t: o, key=key)
+        select_using_loss(x, y, model, lambda o, t, reduction="none": o, key=key)
     with pytest.raises(ValueError, match="shrinks"):
         _downscale(jnp.zeros((1, 2, 2, 1)), 0.4, "NHWC")
     for kwargs, match in (({"keep": 1.5}, "keep"), ({"keep": 0}, "keep"), ({"start": 0.6, "end": 0.5}, "start"),
@@ -167,6 +173,34 @@ def test_errors(key):
                           ({"scale_factor": 0.0}, "scale_factor"), ({"data_format": "HWC"}, "data_format")):
         with pytest.raises(ValueError, match=match):
             SelectiveBackprop(**kwargs)
+
+
+def test_select_using_loss_checks_as_composer_whatever_keep(key):
+    """Composer's own tests: a 2-D input with scale_factor 0.5 raises ValueError and a loss without ``reduction``
+    raises TypeError, both with keep=1 (which used to return the batch before checking anything)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(42)
+    x, y = torch.randn(16, 8), torch.randint(2, (16,))
+    model = torch.nn.Linear(8, 1)
+    ones = lambda output, target, reduction="none": torch.ones_like(target)  # Composer's fake loss_fun
+    with pytest.raises(ValueError, match="3D, 4D, or 5D"):
+        select_using_loss(x, y, model, ones, 1, 0.5)
+    for keep in (1, 0.5):
+        with pytest.raises(TypeError, match="must take a keyword argument `reduction`."):
+            select_using_loss(x, y, model, lambda output, target: 0, keep, 1, key=key)
+        with pytest.raises(TypeError, match="must take a keyword argument `reduction`."):
+            select_using_loss(jnp.asarray(x.numpy()), jnp.asarray(y.numpy()), lambda v: v[:, :2], soft_cross_entropy,
+                              keep, key=key)
+    with pytest.raises(TypeError, match="must be callable"):
+        select_using_loss(x, y, model, None, 1)
+    for keep in (1, 0.5, 0.75):  # Composer's test_selective_output_shape
+        xs, ys = select_using_loss(x, y, model, ones, keep, 1, key=key)
+        assert tuple(xs.shape) == (int(16 * keep), 8) and tuple(ys.shape) == (int(16 * keep),)
+    images = torch.randn(16, 3, 32, 32)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    for keep, scale in itertools.product((0.5, 0.75, 1), (0.5, 0.75)):  # test_selective_output_shape_scaled
+        xs, ys = select_using_loss(images, y, conv, ones, keep, scale, key=key)
+        assert tuple(xs.shape) == (int(16 * keep), 3, 32, 32) and tuple(ys.shape) == (int(16 * keep),)
 
 
 # The grad slot -------------------------------------------------------------------------------------------------

@@ -280,14 +280,55 @@ def test_timestamp_is_immutable_and_copy():
     ts = Timestamp(batch=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ts.batch = 4
-    # Composer has a setter for this one field; ours is immutable too, and copy() is the way (docstring).
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        ts.epoch_in_iteration = 2
     assert ts.copy(epoch_in_iteration=2).epoch_in_iteration == 2 and ts.epoch_in_iteration == 0
     ts2 = ts.copy(epoch=2)
     assert (ts.epoch, ts2.epoch, ts2.batch) == (0, 2, 3)
     with pytest.raises(TypeError):
         Timestamp(batch=1.5)
+
+
+def test_composer_timestamp_usage():
+    """What Composer's own tests do with a Timestamp: its one setter (test_set_timestamp), an in-place
+    load_state_dict (State.load_state_dict ignores the return value), and the usual construct / compare / copy /
+    to_next_* / eval(repr) round trip; every other field stays read-only."""
+    timestamp = Timestamp(epoch_in_iteration=1)
+    assert timestamp.epoch_in_iteration == 1
+    timestamp.epoch_in_iteration = 2
+    assert timestamp.epoch_in_iteration == 2 and timestamp.epoch_in_iteration.unit == TimeUnit.EPOCH
+    timestamp.epoch_in_iteration = Time(3, "ep")
+    assert timestamp.epoch_in_iteration == 3
+    with pytest.raises(ValueError, match="argument has units of"):
+        timestamp.epoch_in_iteration = Time(3, "ba")
+    for name in ("epoch", "batch", "total_wct"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(timestamp, name, 1)
+
+    loaded = Timestamp(epoch=1, batch=7, sample=56, batch_wct=0.5)
+    target = Timestamp(epoch=4)
+    target.load_state_dict(loaded.state_dict())  # Composer's call, its return value ignored
+    assert target == loaded and target.epoch == 1 and target.batch_wct == datetime.timedelta(seconds=0.5)
+
+    timestamp = Timestamp()
+    assert timestamp < Time(10, "ep") and timestamp.get("ep") == Time.from_epoch(0)
+    timestamp_2 = Timestamp(epoch=1).copy(batch=2)
+    assert (timestamp_2.epoch, timestamp_2.batch, timestamp_2.sample) == (1, 2, 0)
+    timestamp = timestamp.to_next_batch(10, 20, datetime.timedelta(seconds=5))
+    timestamp = timestamp.to_next_epoch(duration=datetime.timedelta(seconds=5))
+    assert (timestamp.epoch, timestamp.batch, timestamp.batch_in_epoch, timestamp.sample) == (1, 1, 0, 10)
+    assert timestamp.total_wct == datetime.timedelta(seconds=10) and timestamp.batch_wct == datetime.timedelta(0)
+    assert timestamp == eval(repr(timestamp))  # noqa: S307 (Composer's test_timestamp_repr)
+
+
+def test_state_timestamp_is_assignable_as_in_composer_tests():
+    """Composer's scheduler tests move the clock by assigning ``state.timestamp`` a copy; the state reads it back."""
+    from jaxcomposer.core.events import RunPlan, RunState
+
+    state = RunState(run_name="r", run_dir=None, plan=RunPlan(Time(10, "ep"), 100, 10), timestamp=Timestamp())
+    parsed_time = Time.from_timestring("25ba")
+    state.timestamp = state.timestamp.copy(batch=parsed_time,
+                                           epoch=Time(int(parsed_time) // int(state.dataloader_len), TimeUnit.EPOCH))
+    assert (state.timestamp.batch, state.timestamp.epoch) == (25, 2)
+    assert state.get_elapsed_duration() == Time(0.2, "dur")  # max_duration is in epochs
 
 
 _FULL = dict(iteration=1, epoch=2, batch=30, sample=300, token=3000, epoch_in_iteration=2, token_in_iteration=3000,

@@ -323,3 +323,32 @@ def test_constant_with_warmup_matches_composer(kwargs, schedule_kw, t_warmup_bat
     want = [composer_constant_with_warmup(s, t_warmup_batches, kwargs["alpha"]) for s in steps]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert float(fn(steps[-1])) == pytest.approx(kwargs["alpha"])  # after t_max: alpha, not 1.0
+
+
+def test_function_schedulers_are_called_as_composer_calls_them():
+    """Composer's compile_composer_scheduler passes ``ssr`` only to a function whose signature takes more than the
+    state: ``def sched(state): return 0.5`` is Composer-valid and must not get two arguments; with ``ssr != 1`` a
+    one-parameter function cannot be scaled and raises, as Composer's."""
+    from jaxcomposer.errors import ConfigurationError
+    from jaxcomposer.optim import call_function_scheduler
+
+    state, calls = object(), []
+
+    def one(state):
+        calls.append(("one", state))
+        return 0.5
+
+    def two(state, ssr=1.0):
+        calls.append(("two", state, ssr))
+        return 0.25 * ssr
+
+    assert call_function_scheduler(one, state, 1.0) == 0.5
+    assert call_function_scheduler(lambda s: 0.125, state) == 0.125
+    assert call_function_scheduler(two, state, 0.5) == 0.125
+    assert call_function_scheduler(lambda s, r: r, state, 2.0) == 2.0
+    assert calls == [("one", state), ("two", state, 0.5)]
+    with pytest.raises(ConfigurationError, match="does not support `scale_schedule_ratio`") as info:
+        call_function_scheduler(one, state, 0.5)
+    assert isinstance(info.value, ValueError) and len(calls) == 2  # refused before calling it
+    with pytest.raises(TypeError):  # no parameter at all: Composer's two-argument call fails
+        call_function_scheduler(lambda: 1.0, state)

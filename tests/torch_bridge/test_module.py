@@ -185,6 +185,37 @@ def test_dynamic_batch_and_shape_errors():
     assert_close(out, module(X_IMG[:3]))
 
 
+class Ramp(nn.Module):
+    """A forward that makes a tensor from its input's size: each size's export lifts its own constant."""
+
+    def forward(self, x):
+        return x * torch.tensor([float(i) for i in range(x.shape[-1])])
+
+
+def test_other_input_sizes_get_their_own_export():
+    """Inputs whose non-batch dims differ from the example's (ProgressiveResizing's smaller images, a shorter
+    sequence) run a graph exported for their size, once per size; the weights are the same pytree."""
+    cnn = make_cnn().eval()
+    bm = from_torch(cnn, (X_IMG,), dynamic_batch=True)
+    small = X_IMG[:5, :, :12, :12]
+    out, buffers = jax.jit(lambda p, b, x: bm.apply(p, b, None, x, train=False))(bm.params, bm.buffers, small.numpy())
+    assert_close(out, cnn(small))
+    assert len(bm._resized) == 1 and set(buffers) == set(bm.buffers)
+    bm.apply(bm.params, bm.buffers, None, X_IMG[:2, :, :12, :12].numpy(), train=False)  # another batch: same graph
+    assert len(bm._resized) == 1
+    # tied weights (the GPT's head is its embedding) and a position table indexed by the sequence length
+    gpt = make_gpt().eval()
+    g = from_torch(gpt, (X_TOK,), dynamic_batch=True)
+    assert_close(g.apply(g.params, g.buffers, None, X_TOK[:, :9].numpy(), train=False)[0], gpt(X_TOK[:, :9]))
+    # each export's lifted constants stay with its graph (both are named lifted_tensor_0)
+    ramp = from_torch(Ramp(), (torch.ones(2, 4),), dynamic_batch=True)
+    for width in (3, 4, 5, 3):
+        got, _ = ramp.apply(ramp.params, ramp.buffers, None, np.ones((2, width), np.float32), train=False)
+        np.testing.assert_array_equal(np.asarray(got), np.tile(np.arange(width, dtype=np.float32), (2, 1)))
+    with pytest.raises(RuntimeError, match="exporting it again for those failed"):
+        bm.apply(bm.params, bm.buffers, None, X_IMG[:2, :1].numpy(), train=False)  # 1 channel: not this conv
+
+
 class TwoHeads(nn.Module):
     """Multi-input, dict output, a non-persistent buffer and a constant."""
 

@@ -375,3 +375,21 @@ def test_after_fit_the_loader_stands_where_training_stopped_not_where_the_prefet
     assert train.get_state()["epoch"] == 0 and train.get_state()["batch_index"] == 10
     trainer.fit(duration="32ba")  # to the epoch's end
     assert train.get_state()["epoch"] == 1 and train.get_state()["batch_index"] == 0
+
+
+def test_one_argument_function_scheduler_as_composer():
+    seen = []
+
+    def half(state):
+        seen.append(int(state.timestamp.batch))
+        return 0.5
+
+    one = make(schedulers=[half], max_duration="2ba", eval_dataloader=None)
+    one.fit()
+    two = make(schedulers=[lambda state, ssr=1.0: 0.5], max_duration="2ba", eval_dataloader=None)
+    two.fit()
+    assert seen == [0, 1] and one.state.learning_rate(1) == pytest.approx(0.05)
+    for a, b in zip(leaves(one.state.train_state.params), leaves(two.state.train_state.params)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigurationError, match="does not support `scale_schedule_ratio`"):
+        make(schedulers=[half], max_duration="2ba", scale_schedule_ratio=0.5, eval_dataloader=None).fit()
