@@ -137,7 +137,7 @@ def cutmix_batch(input: jax.Array, target: jax.Array, length: float | None = Non
     if length is not None and not 0.0 <= float(length) <= 1.0:
         raise ValueError(f"cutmix_batch: length is a fraction of H and W and must be in [0, 1], got {length}.")
     if bbox is None or indices is None:
-        require_key(key, "cutmix_batch", "the box and the permutation (pass both bbox= and indices= to draw nothing)")
+        key = require_key(key, "cutmix_batch", "the box and the permutation (pass both bbox= and indices= to draw nothing)")
     if input.ndim != 4:
         raise ValueError(f"cutmix_batch: expected a batch of images (4 dims, {data_format}), got shape "
                          f"{tuple(input.shape)}.")

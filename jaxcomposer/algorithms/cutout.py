@@ -84,7 +84,7 @@ def cutout_batch(input: jax.Array, num_holes: int = 1, length: float = 0.5, unif
         raise ValueError(f"cutout_batch: num_holes must be a non-negative integer, got {num_holes!r}.")
     if num_holes == 0:
         return input
-    require_key(key, "cutout_batch", f"the centres of {num_holes} hole(s)")
+    key = require_key(key, "cutout_batch", f"the centres of {num_holes} hole(s)")
     hole = jnp.zeros((h, w), bool)
     for k in jax.random.split(key, int(num_holes)):
         ky, kx = jax.random.split(k)

@@ -29,6 +29,10 @@ the decorator a pass-through that costs one signature bind at trace time).
 - **Models** (``models=``): a framework model (a torch ``nn.Module``) goes, with the arguments as given, to the
   adapter's own implementation of the form (``compute_ema`` updates a torch EMA module in place, as Composer's);
   a form without one refuses the model by name.
+- **Global generators.** A random form called with torch tensors (numpy arrays, PIL images) and no ``key`` draws
+  its key from torch's (numpy's) global generator, as Composer's forms draw from them, so ``torch.manual_seed``
+  makes a Composer torch loop repeat; the draw happens only when the call needs randomness. JAX arrays keep
+  requiring ``key=``, the JAX way (:func:`require_key`).
 - **Keys.** A JAX PRNG key given to any argument but ``key`` is refused with a ``TypeError``: the key became
   keyword-only so that Composer's positional arguments keep their places, and an old call that passed it
   positionally must fail loudly, not mix with a key as the mixing coefficient. :func:`require_key` is the one
@@ -55,12 +59,32 @@ __all__ = ["functional_form", "require_key"]
 _KEY_ARGUMENTS = ("key", "rng")  # the parameters that legitimately take a PRNG key
 
 
+class GlobalKey:
+    """The key of a random call made with a framework's or numpy's arrays and no ``key``: drawn from that
+    framework's global generator (``torch.manual_seed`` / ``np.random.seed`` govern it, as they govern Composer's
+    forms) only when the call needs randomness, so a call that draws nothing leaves the generator alone."""
+
+    def __init__(self, draw_seed: Callable[[], int]):
+        self.draw_seed = draw_seed
+
+    def draw(self) -> jax.Array:
+        return jax.random.key(self.draw_seed())
+
+
+def _numpy_seed() -> int:
+    return int(np.random.randint(0, 2**31 - 1))
+
+
 def require_key(key: Any, where: str, why: str) -> Any:
-    """``key``, or a :class:`MissingKeyError` naming the function (``where``) and what it draws (``why``)."""
+    """``key`` (a :class:`GlobalKey` drawn now), or a :class:`MissingKeyError` naming the function (``where``) and
+    what it draws (``why``)."""
+    if isinstance(key, GlobalKey):
+        return key.draw()
     if key is None:
         raise MissingKeyError(
             f"{where}: pass key=jax.random.key(0) (any JAX PRNG key, a new one per call): this call draws {why}. "
-            "jaxcomposer never reads a global random state (Composer draws from numpy's and torch's).")
+            "JAX arrays never draw from a global random state (torch tensors and numpy arrays without key= draw "
+            "from torch's and numpy's, as Composer's forms do).")
     return key
 
 
@@ -203,6 +227,10 @@ def functional_form(*, arrays: Sequence[str], models: Sequence[str] = (), callab
             caller = _Caller.of(present[0] if present else None, pil)
             if has_layout and given.get("data_format") is None:
                 given["data_format"] = caller.adapter.data_format if caller.kind == "foreign" else "NHWC"
+            if "key" in sig.parameters and given.get("key") is None and caller.kind in ("foreign", "numpy", "pil"):
+                draw = caller.adapter.draw_seed if caller.kind == "foreign" else _numpy_seed
+                if draw is not None:  # Composer's forms draw from torch's / numpy's global generators
+                    given["key"] = GlobalKey(draw)
             if caller.kind in (None, "jax"):
                 out = fn(*bound.args, **bound.kwargs)
                 return out if caller.kind is None else jax.tree_util.tree_map(caller.back, out)

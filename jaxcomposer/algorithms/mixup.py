@@ -73,7 +73,7 @@ def mixup_batch(input: jax.Array, target: jax.Array, mixing=None, alpha: float =
     if alpha < 0:
         raise ValueError(f"mixup_batch: alpha must be >= 0, got {alpha}.")
     if mixing is None or indices is None:
-        require_key(key, "mixup_batch", "the mixing coefficient and the permutation (pass both mixing= "
+        key = require_key(key, "mixup_batch", "the mixing coefficient and the permutation (pass both mixing= "
                                         "and indices= to draw nothing)")
         k_mix, k_perm = jax.random.split(key)
     mixing = _gen_mixing_coef(k_mix, alpha) if mixing is None else jnp.asarray(mixing, jnp.float32)

@@ -177,7 +177,7 @@ def resize_batch(input: jax.Array, target: jax.Array | None, scale_factor: float
             target = _interpolate(target, t_axes, scale_factor, "nearest")
         return out, target
 
-    require_key(key, "resize_batch", "the position of the window mode='crop' keeps")
+    key = require_key(key, "resize_batch", "the position of the window mode='crop' keeps")
     hc, wc = int(scale_factor * h), int(scale_factor * w)
     k_top, k_left = jax.random.split(key)
     top = jax.random.randint(k_top, (), 0, h - hc)

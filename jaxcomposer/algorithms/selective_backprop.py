@@ -207,7 +207,7 @@ def select_using_loss(input: jax.Array, target: jax.Array, model: Callable[[jax.
         raise ValueError(f"select_using_loss: input must be 3D, 4D, or 5D if scale_factor != 1, got {input.ndim}D "
                          f"(shape {input.shape}).")
     if _num_selected(input.shape[0], keep) < input.shape[0]:
-        require_key(key, "select_using_loss", "which examples to keep, with probability by loss rank")
+        key = require_key(key, "select_using_loss", "which examples to keep, with probability by loss rank")
     else:  # every example is kept, in batch order: no draw
         return input, target
     scaled = _downscale(input, scale_factor, data_format) if scale_factor < 1 else input

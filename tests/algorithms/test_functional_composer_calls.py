@@ -163,11 +163,64 @@ NO_DRAW = {
 }
 
 
+def _jax_xy():
+    return jnp.asarray(IMAGES.transpose(0, 2, 3, 1)), jnp.asarray(LABELS.astype(np.int32))
+
+
+def _jax_call(name):
+    """MISSING_KEY's call on JAX arrays (NHWC; select_using_loss's model and loss in JAX)."""
+    if name == "select_using_loss":
+        return lambda x, y: cf.select_using_loss(x, y, lambda v: v.mean(axis=(1, 2)),
+                                                 lambda o, t, reduction="none": soft_cross_entropy(o, t), 0.5)
+    return MISSING_KEY[name]
+
+
 @pytest.mark.parametrize("name", sorted(MISSING_KEY))
-def test_a_random_call_without_key_says_what_it_needs(name):
+def test_a_random_call_on_jax_arrays_without_key_says_what_it_needs(name):
     with pytest.raises(MissingKeyError, match=rf"^{name}: pass key=jax\.random\.key\(0\).*draws") as info:
-        MISSING_KEY[name](*_torch_xy())
+        _jax_call(name)(*_jax_xy())
     assert isinstance(info.value, ValueError)
+
+
+def _leaves(out):
+    return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(out)]
+
+
+@pytest.mark.parametrize("name", sorted(MISSING_KEY))
+def test_a_torch_call_without_key_draws_from_torchs_global_generator(name):
+    """As Composer's forms: torch.manual_seed makes a torch loop's random calls repeat."""
+    torch.manual_seed(3)
+    first = _leaves(MISSING_KEY[name](*_torch_xy()))
+    after_first = torch.rand(())  # the call took its draw from the generator...
+    torch.manual_seed(3)
+    again = _leaves(MISSING_KEY[name](*_torch_xy()))
+    assert torch.equal(torch.rand(()), after_first)  # ...and the same draw again
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    outputs = set()
+    for seed in range(6):  # other seeds, other draws
+        torch.manual_seed(seed)
+        outputs.add(tuple(x.tobytes() for x in _leaves(MISSING_KEY[name](*_torch_xy()))))
+    assert len(outputs) > 1
+
+
+def test_a_numpy_call_without_key_draws_from_numpys_global_generator():
+    x, y = IMAGES.transpose(0, 2, 3, 1).copy(), LABELS
+    np.random.seed(5)
+    first = cf.cutout_batch(x, 2)
+    np.random.seed(5)
+    np.testing.assert_array_equal(cf.cutout_batch(x, 2), first)
+    np.random.seed(6)
+    assert not np.array_equal(cf.cutout_batch(x, 2), first)
+
+
+@pytest.mark.parametrize("name", sorted(NO_DRAW))
+def test_a_call_that_draws_nothing_leaves_the_global_generator_alone(name):
+    torch.manual_seed(0)
+    NO_DRAW[name](*_torch_xy())
+    after = torch.rand(())
+    torch.manual_seed(0)
+    assert torch.equal(torch.rand(()), after)
 
 
 @pytest.mark.parametrize("name", sorted(NO_DRAW))
