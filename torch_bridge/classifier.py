@@ -144,6 +144,9 @@ class WrapperClassifierTask(JaxClassifier):
     def user_model(self) -> ComposerClassifier:
         return self.wrapper
 
+    def user_param_name(self, name: str) -> str:
+        return "module." + name  # the wrapper's named_parameters()
+
     def bind(self, batch) -> "WrapperClassifierTask":
         if self._pure is None:
             super().bind(batch)

@@ -162,6 +162,9 @@ class TorchComposerTask(Task):
     def num_samples(self, batch) -> int:
         return int(jax.tree_util.tree_leaves(self._tensors(batch))[0].shape[0])
 
+    def user_param_name(self, name: str) -> str:
+        return name.removeprefix("model.")  # the exported forward holds the user's module as ``model``
+
     def host_metrics(self) -> "_HostMetrics":
         return _HostMetrics(self.source, self.keys)
 

@@ -226,6 +226,11 @@ class Task:
         ``ComposerClassifier``, whose ``module`` is the source)."""
         return self.source
 
+    def user_param_name(self, name: str) -> str:
+        """A parameter's name (its dotted path in ``params``) as the user's model names it (``state.model``'s
+        ``named_parameters()`` for a torch model)."""
+        return name
+
     @property
     def is_bound(self) -> bool:
         return self._pure is not None

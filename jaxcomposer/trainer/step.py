@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from jaxcomposer import parallel
 from jaxcomposer.core.method import Composed, ModelView, RunInfo, StepCtx
+from jaxcomposer.core.model import param_path
 from jaxcomposer.core.state import TrainState, tree_select
 from jaxcomposer.metrics.base import Metric, batch_states
 
@@ -127,7 +128,7 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
                     num_microbatches: int = 1, mesh=None, grad_shardings: Any = None,
                     model_view: ModelView = ModelView(), batch_transform: Callable | None = None,
-                    microbatch_transform: Callable | None = None) -> Callable:
+                    microbatch_transform: Callable | None = None, layer_norms: bool = False) -> Callable:
     """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
@@ -136,7 +137,9 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
     (``jaxcomposer.parallel.train_state_shardings``) lays the gradients out as the optimizer state is: under FSDP
     the data-parallel sum becomes a reduce-scatter, and each device updates only its shard.
     ``batch_transform`` and ``microbatch_transform`` are a ``DataSpec``'s: the first runs on the batch before the
-    methods' batch slots, the second on each microbatch before the forward."""
+    methods' batch slots, the second on each microbatch before the forward. ``layer_norms`` adds each parameter's
+    gradient, weight and update L2 norms to the metrics (``metrics['layer_norms'][kind][name]``, named by
+    ``task.user_param_name``), for Composer's ``OptimizerMonitor``; off, the step computes none of them."""
     data_sharding = parallel.batch_sharding(mesh, leading=1) if mesh is not None else None
 
     def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
@@ -166,9 +169,20 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
         kept = tree_select(finite, (params, model_state, opt_state, extras),
                            (state.params, state.model_state, state.opt_state, state.extras))
         new_state = TrainState(state.step + 1, *kept, state.key)
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+        if layer_norms:
+            metrics["layer_norms"] = {kind: _named_norms(task, tree)
+                                      for kind, tree in (("grad", grads), ("param", params), ("update", updates))}
+        return new_state, metrics
 
     return train_step
+
+
+def _named_norms(task, tree) -> dict[str, jax.Array]:
+    """Each leaf's L2 norm by the parameter's name as the user's model names it (trace time: the names cost
+    nothing in the step)."""
+    return {task.user_param_name(".".join(param_path(path))): jnp.sqrt(jnp.sum(jnp.square(leaf.astype(jnp.float32))))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def make_eval_step(task, composed: Composed, run: RunInfo, metrics: Mapping[str, Metric], *,

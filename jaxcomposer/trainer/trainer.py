@@ -223,6 +223,8 @@ class Trainer(ReadsPlan):
                         PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
+        # per-parameter norms are computed in the step only for a callback that reads them (OptimizerMonitor)
+        self._layer_norms = any(getattr(cb, "reads_layer_norms", False) for cb in self.callbacks)
 
         state = self._place(steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info,
                                                    self.seed, self.model_view))
@@ -743,7 +745,7 @@ class Trainer(ReadsPlan):
         return steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info, precision=self.precision,
                                      num_microbatches=n, mesh=self.mesh, grad_shardings=self.grad_shardings,
                                      model_view=self.model_view, batch_transform=batch_transform,
-                                     microbatch_transform=microbatch_transform)
+                                     microbatch_transform=microbatch_transform, layer_norms=self._layer_norms)
 
     def _step_with(self, n: int):
         if n not in self._train_steps:

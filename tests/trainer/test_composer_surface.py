@@ -213,3 +213,33 @@ def test_state_has_composers_fields():
     assert seen["dataloader"] is loader and seen["dataloader_len"].value == 4 and seen["batch"] == 1
     assert seen["max_duration"].to_timestring() == "1ba" and seen["device"].platform == "cpu"
     assert np.isfinite(seen["loss"]) and seen["batch_keys"] == ["input", "target"]
+
+
+def test_optimizer_monitor_logs_torchs_gradient_norms_by_the_models_names():
+    import torch.nn.functional as F
+
+    from jaxcomposer import ComposerClassifier
+    from jaxcomposer.callbacks import OptimizerMonitor
+    from jaxcomposer.loggers import InMemoryLogger
+
+    net = _net()
+    model = ComposerClassifier(net, num_classes=NUM_CLASSES)
+    x, y = next(iter(DataLoader(_data(), batch_size=16)))
+    F.cross_entropy(model((x, y)), y).backward()
+    expected = {name: float(p.grad.norm()) for name, p in model.named_parameters()}
+    logger = InMemoryLogger()
+    trainer = _trainer(model, train_dataloader=DataLoader(_data(), batch_size=16), max_duration="1ba",
+                       optimizers=torch.optim.SGD(model.parameters(), lr=0.1), loggers=[logger],
+                       callbacks=[OptimizerMonitor(batch_log_interval=1)])
+    trainer.fit()
+    got = logger.most_recent_values
+    for name, norm in expected.items():
+        assert got[f"l2_norm/grad/{name}"] == pytest.approx(norm, rel=1e-5)
+        assert got[f"l2_norm/update/{name}"] == pytest.approx(0.1 * norm, rel=1e-5)  # plain SGD: lr * grad
+    assert got["l2_norm/grad/global"] == pytest.approx(sum(v * v for v in expected.values()) ** 0.5, rel=1e-5)
+    for name, p in model.named_parameters():  # the weights after the step: their norms are the ones logged
+        assert got[f"l2_norm/param/{name}"] == pytest.approx(float(p.detach().norm()), rel=1e-5)
+    # a run without the monitor computes no norms in its step
+    plain = _trainer(ComposerClassifier(_net(), num_classes=NUM_CLASSES), max_duration="1ba")
+    plain.fit()
+    assert "layer_norms" not in plain.state.batch_metrics
