@@ -19,18 +19,28 @@ _HOMES = {  # public name -> the module that defines it
     "ConfigurationError": "jaxcomposer.errors", "JaxComposerError": "jaxcomposer.errors",
     "Trainer": "jaxcomposer.trainer.trainer",
     "DataSpec": "jaxcomposer.data.data_spec",
+    # Composer's top-level names (composer.State, composer.Evaluator, composer.Logger, ...)
+    "State": "jaxcomposer.core.events", "Evaluator": "jaxcomposer.core.evaluator",
+    "Precision": "jaxcomposer.core.precision", "Logger": "jaxcomposer.loggers.logger",
 }
-_SUBMODULES = ("algorithms", "callbacks", "functional", "loggers", "metrics", "optim")
+_RENAMED = {"State": "RunState"}  # public name -> the name in its home module
+# Composer's torch model classes, handed out by the torch adapter when asked for (jaxcomposer never imports torch)
+_TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel")
+_SUBMODULES = ("algorithms", "callbacks", "core", "data", "functional", "loggers", "metrics", "models", "optim", "trainer",
+               "utils")
 
-__all__ = sorted([*_HOMES, *_SUBMODULES])
+__all__ = sorted([*_HOMES, *_SUBMODULES])  # (the torch classes are left out: `import *` must not import torch)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"jaxcomposer.{name}")
+    if name in _TORCH_CLASSES:
+        from jaxcomposer.core import adapters
+        return adapters.framework_class("torch", name, wanted_by=f"jaxcomposer.{name}")
     if name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+        value = getattr(importlib.import_module(_HOMES[name]), _RENAMED.get(name, name))
         globals()[name] = value  # later lookups skip this hook
         return value
     raise AttributeError(f"module 'jaxcomposer' has no attribute {name!r}")

@@ -20,6 +20,9 @@ class SpeedMonitor(Callback):
     """Logs ``throughput/samples_per_sec`` and ``throughput/batches_per_sec`` (and ``throughput/tokens_per_sec``
     when the timestamp counts tokens) over a sliding window of the last ``window_size`` batches.
 
+    Every batch it also logs Composer's ``wall_clock/train`` (the fit's wall-clock time so far, evaluations left
+    out), ``wall_clock/val`` (time spent evaluating) and ``wall_clock/total`` (their sum), in seconds.
+
     Times are host clock readings at BATCH_END. A single step's host time is only its dispatch time, but averaged over
     a window the host is held back by the device, so the rate is the device's. The first BATCH_END is only the start
     of the window, so the first batch (which includes compilation) never counts. Time spent in evaluation
@@ -35,6 +38,7 @@ class SpeedMonitor(Callback):
         self._window: collections.deque = collections.deque(maxlen=window_size + 1)
         self._paused_total = 0.0
         self._pause_start = None
+        self._eval_total = 0.0  # Composer's wall_clock/val: not reset by fit_start, as Composer's is not
 
     def _now(self) -> float:
         return self._clock() - self._paused_total
@@ -47,11 +51,17 @@ class SpeedMonitor(Callback):
 
     def eval_end(self, state, logger) -> None:
         if self._pause_start is not None:
-            self._paused_total += self._clock() - self._pause_start
+            spent = self._clock() - self._pause_start
+            self._paused_total += spent
+            self._eval_total += spent
             self._pause_start = None
 
     def batch_end(self, state, logger) -> None:
         ts = state.timestamp
+        # the timestamp's clock runs through evaluations too (they happen between two batches' ends)
+        train = max(ts.total_wct.total_seconds() - self._eval_total, 0.0)
+        logger.log_metrics({"wall_clock/train": train, "wall_clock/val": self._eval_total,
+                            "wall_clock/total": train + self._eval_total})
         self._window.append((self._now(), ts.batch, ts.sample, ts.token))
         if len(self._window) < 2:
             return

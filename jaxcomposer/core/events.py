@@ -92,6 +92,11 @@ class RunState(ReadsPlan):
     device: Any = None
     dataloader: Any = None
     batch: Any = None
+    algorithms: list = dataclasses.field(default_factory=list)
+    device_train_microbatch_size: Any = None
+    eval_timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
+    predict_timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
+    predict_outputs: Any = None  # the batch's outputs while predict runs (state.outputs then)
 
     @property
     def rank_zero_seed(self) -> int | None:
@@ -106,9 +111,14 @@ class RunState(ReadsPlan):
 
     @property
     def outputs(self) -> Any:
-        raise AttributeError("state.outputs: the model's outputs stay inside the compiled train step (keeping them "
-                             "would cost a device-to-host copy per batch); compute what you need from them with a "
-                             "metric (get_metrics) or call trainer.predict")
+        """The current predict batch's outputs (at PREDICT_BATCH_END, as Composer's). During training and evaluation
+        the outputs stay inside the compiled steps."""
+        if self.predict_outputs is None:
+            raise AttributeError("state.outputs: the model's outputs stay inside the compiled train and eval steps "
+                                 "(keeping them would cost a device-to-host copy per batch); they are here at "
+                                 "PREDICT_BATCH_END during trainer.predict; compute what you need during training "
+                                 "with a metric (get_metrics)")
+        return self.predict_outputs
 
     @property
     def train_metrics(self) -> dict:

@@ -81,6 +81,14 @@ class Logger:
         for d in self.destinations:
             d.log_hyperparameters(hparams)
 
+    def upload_file(self, remote_file_name: str, file_path: Any, overwrite: bool = False) -> None:
+        """Composer's ``Logger.upload_file``: hand ``file_path`` to every destination that uploads files (one with
+        an ``upload_file`` method, such as a remote uploader); with none, nothing happens, as in Composer."""
+        for d in self.destinations:
+            upload = getattr(d, "upload_file", None)
+            if callable(upload):
+                upload(remote_file_name=remote_file_name, file_path=file_path, overwrite=overwrite)
+
     def log_traces(self, traces: Mapping[str, Any]) -> None:
         """Composer's algorithm traces (``algorithm_traces/<Name>/<event>``). Our algorithms are composed into the
         compiled step, so nothing in the library emits traces; the call exists for user code that does."""

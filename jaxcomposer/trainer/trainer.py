@@ -246,7 +246,9 @@ class Trainer(ReadsPlan):
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
                               train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
                               optimizers=[self.user_optimizer], schedulers=list(schedulers), seed=self.seed,
-                              precision=self.precision, device=devices[0], dataloader=user_train_dataloader)
+                              precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
+                              algorithms=list(self.composed.methods),
+                              device_train_microbatch_size=a.device_train_microbatch_size)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
@@ -460,6 +462,7 @@ class Trainer(ReadsPlan):
             self._eval_steps[key] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
                 self.task, self.composed, self.run_info, eval_metrics, precision=self.precision,
                 batch_transform=data_spec.whole_batch_transform(spec)), self.mesh, self.state_shardings))
+        self.state.eval_timestamp = Timestamp()
         self._fire(Event.EVAL_START)
         parts, count, pad_to = [], 0, None
         n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
@@ -476,6 +479,7 @@ class Trainer(ReadsPlan):
                 pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
                 padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
                 parts.append(self._eval_steps[key](self.state.train_state, *padded))
+            self.state.eval_timestamp = self.state.eval_timestamp.to_next_batch(samples=_batch_size(batch))
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -494,14 +498,19 @@ class Trainer(ReadsPlan):
         adapter = adapters.model_adapter(self.task.source)
         to_user = (lambda x: adapter.from_array(None, x)) if adapter is not None else np.asarray
         outputs = []
+        self.state.predict_timestamp = Timestamp()
         self._fire(Event.PREDICT_START)
         for i, raw in enumerate(dataloader):
             if subset_num_batches >= 0 and i >= subset_num_batches:
                 break
-            out = fn(self.state.train_state, as_batch(raw))
+            batch = as_batch(raw)
+            out = jax.tree.map(to_user, fn(self.state.train_state, batch))
             if return_outputs:
-                outputs.append(jax.tree.map(to_user, out))
+                outputs.append(out)
+            self.state.predict_outputs = out
+            self.state.predict_timestamp = self.state.predict_timestamp.to_next_batch(samples=_batch_size(batch))
             self._fire(Event.PREDICT_BATCH_END)
+        self.state.predict_outputs = None
         self._fire(Event.PREDICT_END)
         return outputs
 

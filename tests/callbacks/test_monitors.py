@@ -1,3 +1,5 @@
+import datetime
+
 import jax.numpy as jnp
 import optax
 import pytest
@@ -135,3 +137,24 @@ def test_nan_monitor_lags_at_most_one_step_and_checks_all_at_fit_end():
         mon.run_event(Event.FIT_END, state, logger)
     with pytest.raises(ValueError, match="monitor"):
         NaNMonitor(monitor="")
+
+
+def test_speed_monitor_logs_composers_wall_clock_keys():
+    """wall_clock/train leaves the evaluations out of the timestamp's clock (which runs through them, as the Trainer's
+    does: evaluations happen between two batches' ends), wall_clock/val counts them, wall_clock/total both."""
+    clock, mem = FakeClock(), InMemoryLogger()
+    speed = SpeedMonitor(window_size=4, clock=clock)
+    state = make_state(batch_size=2)
+    logger = Logger([mem])
+    for step in range(1, 5):
+        spent = 0.5 + (3.0 if step == 3 else 0.0)  # the evaluation after batch 2 shows in batch 3's duration
+        clock.advance(0.5)
+        state.timestamp = state.timestamp.to_next_batch(samples=2, duration=datetime.timedelta(seconds=spent))
+        speed.run_event(Event.BATCH_END, state, logger)
+        if step == 2:
+            speed.run_event(Event.EVAL_START, state, logger)
+            clock.advance(3.0)
+            speed.run_event(Event.EVAL_END, state, logger)
+    assert [v for _, v in mem.data["wall_clock/train"]] == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    assert [v for _, v in mem.data["wall_clock/val"]] == pytest.approx([0.0, 0.0, 3.0, 3.0])
+    assert [v for _, v in mem.data["wall_clock/total"]] == pytest.approx([0.5, 1.0, 4.5, 5.0])

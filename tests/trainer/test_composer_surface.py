@@ -243,3 +243,27 @@ def test_optimizer_monitor_logs_torchs_gradient_norms_by_the_models_names():
     plain = _trainer(ComposerClassifier(_net(), num_classes=NUM_CLASSES), max_duration="1ba")
     plain.fit()
     assert "layer_norms" not in plain.state.batch_metrics
+
+
+def test_predict_shows_each_batchs_outputs_and_counts_its_batches():
+    from jaxcomposer import ComposerClassifier
+
+    model = ComposerClassifier(_net(), num_classes=NUM_CLASSES)
+    seen = []
+
+    class Saver(Callback):  # Composer's PredictionSaver, from Trainer.predict's docstring
+        def predict_batch_end(self, state, logger):
+            seen.append((int(state.predict_timestamp.batch), state.outputs.shape))
+            logger.upload_file(remote_file_name="x.pt", file_path="x.pt")  # no remote destination: nothing
+
+        def eval_batch_end(self, state, logger):
+            seen.append(("eval", int(state.eval_timestamp.batch)))
+
+    trainer = _trainer(model, max_duration="1ba", callbacks=[Saver()])
+    assert trainer.predict(DataLoader(_data(40), batch_size=16), return_outputs=False) == []
+    assert seen == [(1, (16, NUM_CLASSES)), (2, (16, NUM_CLASSES)), (3, (8, NUM_CLASSES))]
+    trainer.eval(DataLoader(_data(32), batch_size=16))
+    assert seen[3:] == [("eval", 1), ("eval", 2)]
+    with pytest.raises(AttributeError, match="PREDICT_BATCH_END"):
+        trainer.state.outputs
+    assert trainer.state.algorithms == [] and trainer.state.device_train_microbatch_size is None
