@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from jaxcomposer.core.model import Task
+from jaxcomposer.metrics.base import Metric
 
 
 def is_composer_model(module: Any) -> bool:
@@ -174,7 +175,8 @@ class _HostMetrics:
 
     def __init__(self, model: torch.nn.Module, keys):
         get = getattr(model, "get_metrics", None)
-        self.metrics = copy.deepcopy(dict(get(is_train=False) if callable(get) else {}))
+        self.metrics = {name: TorchStyleMetric(m) if isinstance(m, Metric) else m
+                        for name, m in copy.deepcopy(dict(get(is_train=False) if callable(get) else {})).items()}
         self.model, self.keys = model, keys
 
     def update(self, batch: Mapping[str, Any], outputs: Any) -> None:
@@ -191,6 +193,35 @@ class _HostMetrics:
 
     def compute(self) -> dict[str, float]:
         return {name: float(m.compute()) for name, m in self.metrics.items()}
+
+
+class TorchStyleMetric:
+    """A jaxcomposer metric (``jaxcomposer.metrics``: pure sums) as the stateful torchmetrics-style object a
+    Composer model's ``update_metric`` expects: ``update(preds, target)`` with torch tensors adds the batch's sums,
+    ``compute()`` returns a tensor, ``reset()`` starts over. So ``from jaxcomposer.metrics import CrossEntropy``
+    inside a torch ``ComposerModel.get_metrics`` works as Composer's ``composer.metrics.CrossEntropy`` does (the
+    value is jaxcomposer's: a mean over examples, not over batches)."""
+
+    def __init__(self, metric: Metric):
+        self.metric = metric
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = jax.tree.map(np.asarray, self.metric.init())
+
+    def update(self, preds: Any, target: Any) -> None:
+        preds = {k: _host(v) for k, v in preds.items()} if isinstance(preds, Mapping) else _host(preds)
+        target = _host(target)
+        batch = self.metric.update(self.metric.init(), preds, target, np.ones((np.shape(target)[0],), np.float32))
+        self.state = jax.tree.map(lambda a, b: np.asarray(a, np.float64) + np.asarray(b, np.float64), self.state,
+                                  batch)
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(float(self.metric.compute(self.state)))
+
+
+def _host(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 class ComposerModel(torch.nn.Module):
@@ -224,9 +255,10 @@ class HuggingFaceModel(ComposerModel):
 
     Batches are dicts (``input_ids``, ``attention_mask``, ``labels``, ...) handed to ``model(**batch)``; the loss
     is the model's own ``outputs.loss`` (so ``labels`` must be in the batch); ``eval_forward`` returns the logits
-    when ``use_logits``. ``metrics``/``eval_metrics`` are torchmetrics objects (a list or a dict), updated with
-    ``(logits, labels)`` as Composer's are. ``tokenizer`` is kept for the user (saving, generation); ``shift_labels``
-    is accepted for signature compatibility: Hugging Face causal LM heads shift the labels themselves.
+    when ``use_logits``. ``metrics``/``eval_metrics`` are torchmetrics objects or ``jaxcomposer.metrics`` ones (a
+    list or a dict), updated with ``(logits, labels)`` as Composer's are. ``tokenizer`` is kept for the user
+    (saving, generation). ``shift_labels`` (None: True for a causal LM, as Composer infers it) shifts the labels the
+    metrics see by one position, as Composer does; the loss is the model's own, which shifts them itself.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None, use_logits: bool = True,
@@ -260,7 +292,16 @@ class HuggingFaceModel(ComposerModel):
         return self.train_metrics if is_train else self.val_metrics
 
     def update_metric(self, batch, outputs, metric) -> None:
-        metric.update(outputs, batch["labels"])
+        labels = batch["labels"]
+        if self._shifts_labels():  # as Composer: a causal LM's position t predicts label t + 1
+            labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+        metric.update(outputs, labels)
+
+    def _shifts_labels(self) -> bool:
+        """``shift_labels``, or when None (Composer's default) whether the model is a causal LM."""
+        if self.shift_labels is not None:
+            return bool(self.shift_labels)
+        return type(self.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
 
 
 def _named(metrics: Any) -> dict:

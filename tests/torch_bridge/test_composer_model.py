@@ -240,3 +240,44 @@ def test_amp_bf16_trains_a_composer_model():
         losses[precision] = seen
     assert len(losses["amp_bf16"]) == 2 and np.all(np.isfinite(losses["amp_bf16"]))
     np.testing.assert_allclose(losses["amp_bf16"][0], losses["fp32"][0], rtol=2e-2)
+
+
+def test_jaxcomposer_metrics_work_in_a_torch_models_update_metric():
+    """Composer's docs build get_metrics from composer.metrics (torchmetrics); jaxcomposer.metrics' pure metrics
+    are handed to update_metric as stateful objects with torchmetrics' update/compute."""
+    from jaxcomposer.metrics import CrossEntropy
+    from torch_bridge.composer_model import TorchStyleMetric, _HostMetrics
+
+    class WithCE(Net):
+        def get_metrics(self, is_train=False):
+            return {"CrossEntropy": CrossEntropy()}
+
+    model = WithCE()
+    host = _HostMetrics(model, None)
+    assert isinstance(host.metrics["CrossEntropy"], TorchStyleMetric)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (8, 4)]
+    for x, y in batches:
+        with torch.no_grad():
+            host.update({"input": x.numpy(), "target": y.numpy()}, model((x, y)).numpy())
+    with torch.no_grad():
+        expected = torch.cat([F.cross_entropy(model(b), b[1], reduction="none") for b in batches]).mean()
+    assert host.compute()["CrossEntropy"] == pytest.approx(float(expected), abs=1e-6)  # a mean over examples
+
+
+def test_huggingface_model_shifts_causal_lm_labels_for_its_metrics():
+    from torch_bridge import HuggingFaceModel
+
+    class TinyForCausalLM(torch.nn.Module):
+        def forward(self, input_ids, labels=None):
+            return {"logits": torch.zeros(*input_ids.shape, 5)}
+
+    class Seen:
+        def update(self, preds, target):
+            self.target = target
+
+    labels = torch.tensor([[1, 2, 3, 4]])
+    for shift, expected in ((None, [[2, 3, 4, -100]]), (False, [[1, 2, 3, 4]])):
+        seen = Seen()
+        HuggingFaceModel(TinyForCausalLM(), shift_labels=shift).update_metric({"labels": labels}, None, seen)
+        assert seen.target.tolist() == expected
