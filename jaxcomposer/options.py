@@ -113,6 +113,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("max_duration", Duration, None,
            "how long to train: '10ep', '500ba', '60000sp', '1e6tok', or an int of epochs (required to fit, unless "
            "fit(duration=...) is given)"),
+    Option("step_schedulers_every_batch", bool | None, None,
+           "step torch LR schedulers after every batch (default None: at each epoch's end, as Composer steps "
+           "PyTorch schedulers); jaxcomposer.optim's schedulers are functions of the step either way"),
     Option("scale_schedule_ratio", pydantic.PositiveFloat, 1.0,
            "scales max_duration and the schedules (Composer's SSR); needs schedulers"),
     Option("eval_interval", Interval, 1,

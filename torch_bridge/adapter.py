@@ -19,7 +19,7 @@ from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, 
 from . import classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
-from .optim import TrainerOptimizer
+from .optim import TrainerOptimizer, TrainerScheduler
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
 
 
@@ -77,4 +77,6 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                            "ComposerClassifier": classifier.ComposerClassifier},
                   seed=_seed, draw_seed=_draw_seed,
                   to_optimizer=lambda opt, model: TrainerOptimizer(opt, model)
-                  if isinstance(opt, torch.optim.Optimizer) else None)
+                  if isinstance(opt, torch.optim.Optimizer) else None,
+                  to_scheduler=lambda sched, opt, where: TrainerScheduler(sched, opt, where)
+                  if isinstance(sched, torch.optim.lr_scheduler.LRScheduler) else None)

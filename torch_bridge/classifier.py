@@ -16,11 +16,12 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
-import torchmetrics
 
 from jaxcomposer.models.tasks import ComposerClassifier as JaxClassifier
 
-from .composer_model import ComposerModel
+from jaxcomposer.metrics import CrossEntropy, MulticlassAccuracy
+
+from .composer_model import ComposerModel, TorchStyleMetric, named_metrics
 
 
 def soft_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
@@ -39,31 +40,13 @@ def soft_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.
     return losses.sum() if reduction == "sum" else losses
 
 
-class CrossEntropy(torchmetrics.Metric):
-    """Composer's ``CrossEntropy`` metric: the mean of the batches' mean cross-entropies (``sum_loss / total``
-    with one count per batch, as Composer's), ``ignore_index`` skipped."""
-
-    full_state_update = False
-
-    def __init__(self, dist_sync_on_step: bool = False, ignore_index: int = -100):
-        super().__init__(dist_sync_on_step=dist_sync_on_step)
-        self.ignore_index = ignore_index
-        self.add_state("sum_loss", default=torch.tensor(0.0), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0), dist_reduce_fx="sum")
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        self.sum_loss += soft_cross_entropy(preds, target, ignore_index=self.ignore_index)
-        self.total += 1
-
-    def compute(self) -> torch.Tensor:
-        return self.sum_loss / self.total
-
-
 class ComposerClassifier(ComposerModel):
     """Composer's ``ComposerClassifier(module, num_classes=None, train_metrics=None, val_metrics=None,
     loss_fn=soft_cross_entropy)``: batches are ``(input, target)`` pairs, ``forward`` returns
     ``module(input)``. Default metrics as Composer's: train ``MulticlassAccuracy``, eval ``CrossEntropy`` and
-    ``MulticlassAccuracy`` (micro average); ``num_classes`` is needed for them unless you pass your own."""
+    ``MulticlassAccuracy`` (micro average), jaxcomposer's metrics with torchmetrics' ``update``/``compute``
+    (``TorchStyleMetric``; the Trainer computes them inside its eval step); ``num_classes`` is needed for the
+    accuracy. ``train_metrics``/``val_metrics`` take torchmetrics objects (one, a list or a dict), as Composer's."""
 
     def __init__(self, module: torch.nn.Module, num_classes: int | None = None, train_metrics: Any = None,
                  val_metrics: Any = None, loss_fn: Any = soft_cross_entropy):
@@ -75,9 +58,10 @@ class ComposerClassifier(ComposerModel):
         if train_metrics is None:
             train_metrics = _accuracy(num_classes)
         if val_metrics is None:
-            val_metrics = [CrossEntropy()] + ([_accuracy(num_classes)] if num_classes is not None else [])
-        self.train_metrics = _as_metric_collection(train_metrics)
-        self.val_metrics = _as_metric_collection(val_metrics)
+            val_metrics = [TorchStyleMetric(CrossEntropy())] + \
+                ([_accuracy(num_classes)] if num_classes is not None else [])
+        self.train_metrics = named_metrics(train_metrics)
+        self.val_metrics = named_metrics(val_metrics)
 
     @property
     def uses_defaults(self) -> bool:
@@ -93,8 +77,7 @@ class ComposerClassifier(ComposerModel):
         return self._loss_fn(outputs, targets, *args, **kwargs)
 
     def get_metrics(self, is_train: bool = False) -> dict:
-        metrics = self.train_metrics if is_train else self.val_metrics
-        return {} if metrics is None else dict(metrics.items())
+        return dict(self.train_metrics if is_train else self.val_metrics)
 
     def update_metric(self, batch, outputs, metric) -> None:
         _, targets = _pair(batch)
@@ -109,19 +92,7 @@ def _pair(batch):
 
 
 def _accuracy(num_classes: int | None):
-    if num_classes is None:
-        return None
-    return torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")
-
-
-def _as_metric_collection(metrics: Any):
-    if metrics is None:
-        return None
-    if isinstance(metrics, torchmetrics.MetricCollection):
-        return metrics
-    if isinstance(metrics, Mapping):
-        return torchmetrics.MetricCollection(dict(metrics))
-    return torchmetrics.MetricCollection(list(metrics) if isinstance(metrics, (list, tuple)) else [metrics])
+    return None if num_classes is None else TorchStyleMetric(MulticlassAccuracy(num_classes))
 
 
 def as_task(wrapper: ComposerClassifier):

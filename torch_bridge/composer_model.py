@@ -265,8 +265,8 @@ class HuggingFaceModel(ComposerModel):
                  metrics: Any = None, eval_metrics: Any = None, shift_labels: bool | None = None):
         super().__init__()
         self.model, self.tokenizer, self.use_logits, self.shift_labels = model, tokenizer, use_logits, shift_labels
-        self.train_metrics = _named(metrics)
-        self.val_metrics = _named(eval_metrics) if eval_metrics is not None else copy.deepcopy(self.train_metrics)
+        self.train_metrics = named_metrics(metrics)
+        self.val_metrics = named_metrics(eval_metrics) if eval_metrics is not None else copy.deepcopy(self.train_metrics)
 
     def forward(self, batch: Mapping[str, Any]):
         if not isinstance(batch, Mapping):
@@ -304,10 +304,12 @@ class HuggingFaceModel(ComposerModel):
         return type(self.model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
 
 
-def _named(metrics: Any) -> dict:
+def named_metrics(metrics: Any) -> dict:
+    """Metrics by name, as Composer's MetricCollection names them: a dict (or MetricCollection) keeps its keys, a
+    metric or a list of them goes by class name (a ``TorchStyleMetric`` by its jaxcomposer metric's)."""
     if metrics is None:
         return {}
-    if isinstance(metrics, Mapping):
-        return dict(metrics)
-    metrics = metrics if isinstance(metrics, (list, tuple)) else [metrics]
-    return {type(m).__name__: m for m in metrics}
+    if isinstance(metrics, Mapping) or hasattr(metrics, "items"):
+        return dict(metrics.items())
+    metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+    return {type(getattr(m, "metric", m)).__name__: m for m in metrics}

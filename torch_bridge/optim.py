@@ -559,3 +559,36 @@ class TrainerOptimizer:
 
     def save(self, opt_state, lr_multiplier: float) -> None:
         _map_states(lambda s: state_to_torch(self.optimizer, self.named, s, lr_multiplier), opt_state)
+
+
+class TrainerScheduler:
+    """A torch LR scheduler built on the run's torch optimizer (``CosineAnnealingLR(optimizer, T_max=...)``) as the
+    Trainer's host schedule, as Composer runs one: stepped at each epoch's end, or after every batch with
+    ``step_schedulers_every_batch=True``; the LR it sets, relative to each group's ``initial_lr``, multiplies the
+    step's LR. Its own arithmetic (chainable forms included) runs unchanged on the optimizer's ``param_groups``."""
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, optimizer: Any, where: str):
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise ConfigurationError(f"{where}: ReduceLROnPlateau steps on a metric value, which the Trainer does not "
+                                     "hand to schedulers (nor does Composer's); step it yourself in a callback")
+        if scheduler.optimizer is not optimizer:
+            raise ConfigurationError(f"{where}: {type(scheduler).__name__} is built on another optimizer than the "
+                                     "Trainer's optimizers=; build it on the optimizer you pass the Trainer")
+        self.scheduler, self.where = scheduler, where
+
+    def multiplier(self) -> float:
+        groups = self.scheduler.optimizer.param_groups
+        ratios = [float(g["lr"]) / float(g["initial_lr"]) for g in groups if float(g.get("initial_lr", 0.0)) != 0.0]
+        if not ratios:
+            return 1.0
+        if max(ratios) - min(ratios) > 1e-9 * max(1.0, abs(max(ratios))):
+            raise ConfigurationError(f"{self.where}: {type(self.scheduler).__name__} scales the param groups "
+                                     f"differently ({ratios}); the Trainer's schedule multiplies every group's LR by "
+                                     "one factor. Use one schedule for all groups")
+        return ratios[0]
+
+    def step(self) -> None:
+        # the optimizer's own step() never runs (the update is compiled): tell torch it has, so the scheduler does
+        # not warn that it is stepped first
+        self.scheduler.optimizer._opt_called = True
+        self.scheduler.step()

@@ -53,7 +53,9 @@ class Adapter(NamedTuple):
     transformation over the converted model's params), ``load(opt_state) -> opt_state`` (the optimizer's own state
     into the run's), ``set_lr(lr_multiplier)`` (its groups' current LR, after each batch) and
     ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer); None for an
-    object that is not such an optimizer.
+    object that is not such an optimizer. ``to_scheduler(scheduler, user_optimizer, where)``: the framework's LR
+    scheduler (built on that optimizer) as an object with ``multiplier()`` (its LR over the base LR, now) and
+    ``step()``; None for an object that is not one.
     """
 
     is_model: Callable[[Any], bool]
@@ -72,6 +74,7 @@ class Adapter(NamedTuple):
     seed: Callable[[int], None] | None = None
     draw_seed: Callable[[], int] | None = None
     to_optimizer: Callable[[Any, Any], Any] | None = None
+    to_scheduler: Callable[[Any, Any, str], Any] | None = None
 
 
 @functools.cache

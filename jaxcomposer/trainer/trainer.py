@@ -77,6 +77,7 @@ class Trainer(ReadsPlan):
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
                  eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
+                 step_schedulers_every_batch: bool | None = None,
                  scale_schedule_ratio: float = 1.0, algorithms: Sequence | None = None,
                  callbacks: Callback | Sequence[Callback] | None = None,
                  loggers: LoggerDestination | Sequence[LoggerDestination] | None = None,
@@ -116,7 +117,14 @@ class Trainer(ReadsPlan):
         self.precision = a.precision or "fp32"
         schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
             else [schedulers]
-        for i, sched in enumerate(schedulers):
+        user_schedulers, foreign = list(schedulers), []  # torch LR schedulers: checked once the optimizer is
+        schedulers = []
+        for i, sched in enumerate(user_schedulers):
+            adapter = adapters.adapter_for(sched)
+            if adapter is not None and adapter.to_scheduler is not None:
+                foreign.append((i, sched, adapter))
+                continue
+            schedulers.append(sched)
             if not callable(sched) and not hasattr(sched, "schedule"):
                 raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
                                          "jaxcomposer.optim or a Composer-style function (state, ssr=1.0) -> float")
@@ -176,15 +184,25 @@ class Trainer(ReadsPlan):
                 "optax GradientTransformation (jaxcomposer.optim.DecoupledSGDW, optax.adamw, ...) or a torch "
                 "optimizer built on the model's parameters (torch.optim.SGD(model.parameters(), lr=0.1))")
         self.base_lr = getattr(self.optimizer, "lr", None)
-        # ours compile into the step; Composer-style functions of the run state are called on the host each batch
+        # ours compile into the step; Composer-style functions of the run state are called on the host each batch;
+        # torch LR schedulers step on the host (each epoch, or each batch) and their LR multiplies the step's
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
         self.host_schedulers = [sch for sch in schedulers if not hasattr(sch, "schedule")]
+        self.torch_schedulers = []
+        for i, sched, adapter in foreign:
+            host = adapter.to_scheduler(sched, self.user_optimizer, f"schedulers[{i}]")
+            if host is None:
+                raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
+                                         "jaxcomposer.optim, a torch LR scheduler or a Composer-style function")
+            self.torch_schedulers.append(host)
+        self.step_schedulers_every_batch = bool(a.step_schedulers_every_batch)
         self.steps_per_execution = a.steps_per_execution
-        if self.steps_per_execution > 1 and self.host_schedulers:
+        if self.steps_per_execution > 1 and (self.host_schedulers or self.torch_schedulers):
             raise ConfigurationError(
                 f"steps_per_execution: {self.steps_per_execution} trains several batches per call, but "
-                f"{len(self.host_schedulers)} scheduler(s) are Composer-style functions, which the host asks before "
-                "every batch; use steps_per_execution=1, or jaxcomposer.optim's schedulers (compiled into the step).")
+                f"{len(self.host_schedulers) + len(self.torch_schedulers)} scheduler(s) are Composer-style functions "
+                "or torch schedulers, which the host asks before every batch; use steps_per_execution=1, or "
+                "jaxcomposer.optim's schedulers (compiled into the step).")
         self._host_lr = 1.0
         self.task = model  # (the plan may count tokens with it; surgery below replaces it)
         self._replan(max_duration)
@@ -245,7 +263,7 @@ class Trainer(ReadsPlan):
         self._last_saved = timestamp.batch if resume_step is not None else None
         self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
                               train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
-                              optimizers=[self.user_optimizer], schedulers=list(schedulers), seed=self.seed,
+                              optimizers=[self.user_optimizer], schedulers=user_schedulers, seed=self.seed,
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
                               algorithms=list(self.composed.methods),
                               device_train_microbatch_size=a.device_train_microbatch_size)
@@ -354,6 +372,8 @@ class Trainer(ReadsPlan):
                         samples=self._count_samples(batch), tokens=self._count_tokens(batch),
                         duration=self._since_mark())
                     st.batch_metrics = metrics
+                    if self.step_schedulers_every_batch and self.torch_schedulers:  # after the step, as Composer
+                        self._step_torch_schedulers()
                     if self._foreign_optimizer is not None:  # its groups' lr: the next step's, as a torch scheduler
                         self._foreign_optimizer.set_lr(
                             self._lr_multiplier_on_host(int(st.timestamp.batch)) * self._host_lr)
@@ -386,6 +406,8 @@ class Trainer(ReadsPlan):
                     raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
                 st.timestamp = st.timestamp.to_next_epoch(
                     duration=self._since_mark())
+                if not self.step_schedulers_every_batch and self.torch_schedulers:  # Composer's default for them
+                    self._step_torch_schedulers()
                 self._fire(Event.EPOCH_END)
                 if self._run_eval(TimeUnit.EPOCH):
                     last_eval_batch = st.timestamp.batch
@@ -732,10 +754,18 @@ class Trainer(ReadsPlan):
             table = self._lr_tables[chunk] = np.asarray(jax.vmap(self.lr_multiplier)(steps_in_chunk))
         return float(table[i])
 
+    def _step_torch_schedulers(self) -> None:
+        """Step the torch LR schedulers; the next step's host LR factor is read from them again."""
+        for sched in self.torch_schedulers:
+            sched.step()
+        self._host_lr = self._host_multiplier()
+
     def _host_multiplier(self) -> float:
         """The product of the Composer-style function schedulers at the current state, as Composer's LambdaLR
         asks them before each batch (``timestamp.batch`` = batches trained so far)."""
         value = 1.0
+        for sched in self.torch_schedulers:
+            value *= sched.multiplier()
         for i, sched in enumerate(self.host_schedulers):
             try:
                 value *= float(call_function_scheduler(sched, self.state, self.scale_schedule_ratio))

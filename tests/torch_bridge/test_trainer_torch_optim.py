@@ -129,3 +129,43 @@ def test_lr_monitor_reads_each_groups_current_lr_as_composer_logs_it():
     # after batch b the LR of the next step, as Composer's scheduler leaves the group: alpha 0.75, 0.5, 0.25
     assert [v for _, v in logger.data["lr-SGD/group0"]] == pytest.approx([0.05 * a for a in (0.75, 0.5, 0.25)])
     assert [v for _, v in logger.data["lr-SGD/group1"]] == pytest.approx([0.1 * a for a in (0.75, 0.5, 0.25)])
+
+
+@pytest.mark.parametrize("every_batch", [False, True], ids=["per_epoch", "every_batch"])
+def test_a_torch_lr_scheduler_steps_as_composer_steps_it(every_batch):
+    """Composer steps PyTorch schedulers at each epoch's end, or after every batch with
+    step_schedulers_every_batch=True; the trained weights and the groups' LR are those of that torch loop."""
+    def make(net):
+        optimizer = _sgd(net)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+    net, ref = _net(), _net()
+    (optimizer, scheduler), (ref_optimizer, ref_scheduler) = make(net), make(ref)
+    trainer = _fit(net, optimizer, "3ep", schedulers=scheduler, step_schedulers_every_batch=every_batch)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for _ in range(3):
+        for x, y in DataLoader(_data(), batch_size=16):
+            ref_optimizer.zero_grad()
+            loss_fn(ref(x), y).backward()
+            ref_optimizer.step()
+            if every_batch:
+                ref_scheduler.step()
+        if not every_batch:
+            ref_scheduler.step()
+    _assert_same(net, ref)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([g["lr"] for g in ref_optimizer.param_groups])
+    assert scheduler.last_epoch == ref_scheduler.last_epoch == (9 if every_batch else 3)
+    assert trainer.state.schedulers == [scheduler]
+
+
+def test_torch_schedulers_are_refused_where_they_cannot_mean_what_they_say():
+    net = _net()
+    optimizer = _sgd(net)
+    other = torch.optim.SGD(_net().parameters(), lr=0.1)
+    with pytest.raises(ConfigurationError, match="built on another optimizer"):
+        _fit(net, optimizer, "1ba", schedulers=torch.optim.lr_scheduler.StepLR(other, 1))
+    with pytest.raises(ConfigurationError, match="ReduceLROnPlateau"):
+        _fit(net, optimizer, "1ba", schedulers=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
+    with pytest.raises(ConfigurationError, match="scales the param groups differently"):
+        _fit(net, optimizer, "2ba", schedulers=torch.optim.lr_scheduler.LambdaLR(
+            optimizer, [lambda e: 1.0, lambda e: 0.5]))
