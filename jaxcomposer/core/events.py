@@ -97,6 +97,9 @@ class RunState(ReadsPlan):
     eval_timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
     predict_timestamp: Timestamp = dataclasses.field(default_factory=Timestamp)
     predict_outputs: Any = None  # the batch's outputs while predict runs (state.outputs then)
+    # the Trainer's: write the current weights into ``model`` (the user's module) and return it; costs a copy of the
+    # weights from the device, so callbacks call it only when they hand the model to other code
+    sync_model: Any = None
 
     @property
     def rank_zero_seed(self) -> int | None:

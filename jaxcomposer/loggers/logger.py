@@ -37,6 +37,13 @@ class LoggerDestination(Callback):
     def log_traces(self, traces: Mapping[str, Any]) -> None:
         pass
 
+    def log_images(self, images: Any, name: str = "Images", channels_last: bool = False, step: int | None = None,
+                   masks: Any = None, mask_class_labels: Any = None, use_table: bool = True) -> None:
+        pass
+
+    def log_table(self, columns: list, rows: list, name: str = "Table", step: int | None = None) -> None:
+        pass
+
 
 class FlushingDestination(LoggerDestination):
     """A destination that queues values (``PendingMetrics``) and writes them out at the host's sync points, where the
@@ -80,6 +87,19 @@ class Logger:
     def log_hyperparameters(self, hparams: Mapping[str, Any]) -> None:
         for d in self.destinations:
             d.log_hyperparameters(hparams)
+
+    def log_images(self, images: Any, name: str = "Images", channels_last: bool = False, step: int | None = None,
+                   masks: Any = None, mask_class_labels: Any = None, use_table: bool = True) -> None:
+        """Composer's ``Logger.log_images``: to every destination that logs images (none of the built-in ones
+        does yet; ``ImageVisualizer`` also writes its grids as PNGs into the run directory)."""
+        for d in self.destinations:
+            d.log_images(images, name=name, channels_last=channels_last, step=self.step if step is None else step,
+                         masks=masks, mask_class_labels=mask_class_labels, use_table=use_table)
+
+    def log_table(self, columns: list, rows: list, name: str = "Table", step: int | None = None) -> None:
+        """Composer's ``Logger.log_table``: to every destination that logs tables."""
+        for d in self.destinations:
+            d.log_table(columns, rows, name=name, step=self.step if step is None else step)
 
     def upload_file(self, remote_file_name: str, file_path: Any, overwrite: bool = False) -> None:
         """Composer's ``Logger.upload_file``: hand ``file_path`` to every destination that uploads files (one with

@@ -266,7 +266,8 @@ class Trainer(ReadsPlan):
                               optimizers=[self.user_optimizer], schedulers=user_schedulers, seed=self.seed,
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
                               algorithms=list(self.composed.methods),
-                              device_train_microbatch_size=a.device_train_microbatch_size)
+                              device_train_microbatch_size=a.device_train_microbatch_size,
+                              sync_model=self._synced_model)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
@@ -428,6 +429,7 @@ class Trainer(ReadsPlan):
             if self._last_saved != st.timestamp.batch:
                 self._save()  # the end of training is always saved
             self.store.wait()
+        self._sync_model()  # FIT_END callbacks (export, generation) see the trained weights in state.model
         self._fire(Event.FIT_END)
 
     def _preempted(self, signum: int) -> None:
@@ -502,6 +504,7 @@ class Trainer(ReadsPlan):
                 padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
                 parts.append(self._eval_steps[key](self.state.train_state, *padded))
             self.state.eval_timestamp = self.state.eval_timestamp.to_next_batch(samples=_batch_size(batch))
+            self.state.batch = batch  # as Composer's state.batch during evaluation (unpadded, on the host)
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -565,6 +568,10 @@ class Trainer(ReadsPlan):
             step = int(train_state.step)
             self._foreign_optimizer.save(train_state.opt_state, self._lr_multiplier_on_host(step) * self._host_lr)
         self._synced_params = train_state.params
+
+    def _synced_model(self) -> Any:
+        self._sync_model()
+        return self.state.model
 
     def _meta(self) -> dict:
         return {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}

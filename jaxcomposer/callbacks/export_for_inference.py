@@ -1,0 +1,240 @@
+"""``ExportForInferenceCallback``: the trained model written out for serving at the end of ``fit``, as Composer's."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxcomposer.callbacks._current_model import (current_nnx_module, flat_names, is_torch_model,
+                                                  write_torch_weights)
+from jaxcomposer.core.events import Callback
+
+__all__ = ["ExportForInferenceCallback", "export_stablehlo", "TORCH_FORMATS", "NNX_FORMATS"]
+
+TORCH_FORMATS = ("torchscript", "onnx", "state_dict", "safetensors")
+NNX_FORMATS = ("stablehlo", "safetensors")
+# the package each format needs beyond the framework itself: jax.export serializes through flatbuffers, torch's
+# ONNX exporter writes through onnx
+_NEEDS = {"stablehlo": "flatbuffers", "onnx": "onnx", "safetensors": "safetensors"}
+_NEEDS_SAMPLE = ("onnx", "stablehlo")
+
+
+class ExportForInferenceCallback(Callback):
+    """Composer's ``ExportForInferenceCallback(save_format, save_path, save_object_store=None, sample_input=None,
+    transforms=None, input_names=None, output_names=None)``: at FIT_END, writes the trained model to ``save_path``
+    (a local file; its folder is created).
+
+    ``save_format`` (a string or Composer's ``ExportFormat``), by the kind of ``state.model``:
+
+    - a torch module: ``'torchscript'`` (``torch.jit.script``; a module that cannot be scripted is traced with the
+      sample input instead, and when neither works the error gives both reasons), ``'onnx'`` (``torch.onnx.export``
+      with ``input_names``/``output_names``, default ``['input']``/``['output']``, and a dynamic batch axis; needs
+      the ``onnx`` package), ``'state_dict'`` (``torch.save(model.state_dict())``) and ``'safetensors'``
+      (``safetensors.torch.save_model``, which stores tied weights once);
+    - an NNX module: ``'stablehlo'``, the eval forward ``module(inputs, train=False)`` through ``jax.export`` with
+      the trained weights inside (read it back with ``jax.export.deserialize(data).call(inputs)``; the batch axis
+      is symbolic where the model allows it; needs the ``flatbuffers`` package, which JAX serializes with), and
+      ``'safetensors'`` (every array of ``nnx.state(module)`` by dotted path, ``blocks.0.attn.qkv.kernel``).
+
+    The format is checked against the model, and the package it needs, at INIT: before training, not after it.
+
+    What is exported is ``state.model`` (a ComposerModel wrapper is exported whole, as Composer exports its
+    ``state.model``) with the run's final weights, read from the train state (FIT_END comes before the Trainer writes
+    them into the user's module; for a torch model this callback writes them there itself, the same values the
+    Trainer writes next). ``transforms`` (callables ``model -> model``) run on a copy before export, as Composer's.
+
+    ``sample_input``: the model's input for tracing (one positional argument). By default, taken from the last
+    train batch: ``batch['input']`` for a bare module (torch or NNX), and for a torch ComposerModel the batch in the
+    loader's structure (an ``(input, target)`` pair, else the dict), which its ``forward`` takes. A batch without
+    an ``'input'`` entry (a language model's ``input_ids``, which the task slices) needs ``sample_input``; that is
+    checked at the first batch. Batches are read before a DataSpec's in-step transforms, so a DataSpec that changes
+    the model's input (uint8 images normalized in the step) needs ``sample_input`` too.
+
+    The file is also handed to ``logger.upload_file(remote_file_name=save_path, ...)``, so a destination that
+    uploads files gets it, as in Composer. ``save_object_store`` (Composer's direct upload to a bucket) is not
+    supported: pass None and use such a destination, or upload the file yourself.
+    """
+
+    def __init__(self, save_format: Any, save_path: str | Path, save_object_store: Any = None,
+                 sample_input: Any = None, transforms: Sequence[Callable] | None = None,
+                 input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None):
+        fmt = str(getattr(save_format, "value", save_format)).lower()
+        if fmt not in TORCH_FORMATS + NNX_FORMATS:
+            raise ValueError(f"ExportForInferenceCallback: save_format must be one of "
+                             f"{sorted(set(TORCH_FORMATS + NNX_FORMATS))}, got {save_format!r}")
+        if save_object_store is not None:
+            raise NotImplementedError("ExportForInferenceCallback: save_object_store is not supported; export to a "
+                                      "local save_path (save_object_store=None) and upload that file with a logger "
+                                      "destination that uploads files, or yourself")
+        transforms = list(transforms or [])
+        if not all(callable(t) for t in transforms):
+            raise TypeError(f"ExportForInferenceCallback: transforms must be callables model -> model, got "
+                            f"{transforms!r}")
+        self.save_format, self.save_path = fmt, Path(save_path)
+        self.save_object_store = None
+        self.sample_input, self.transforms = sample_input, transforms
+        self.input_names = list(input_names) if input_names is not None else None
+        self.output_names = list(output_names) if output_names is not None else None
+        self.exported_path: Path | None = None  # set once the model is written
+        self._sample_checked = False
+
+    def init(self, state, logger) -> None:
+        torch_model = is_torch_model(state.model)
+        if not torch_model and not isinstance(state.model, nnx.Module):
+            raise TypeError(f"ExportForInferenceCallback: exports a torch module or a flax.nnx.Module, and "
+                            f"state.model is a {type(state.model).__name__}")
+        formats, kind = (TORCH_FORMATS, "a torch model") if torch_model else (NNX_FORMATS, "an NNX model")
+        if self.save_format not in formats:
+            raise ValueError(f"ExportForInferenceCallback: save_format={self.save_format!r} does not apply to "
+                             f"{kind} ({type(state.model).__name__}); use one of {list(formats)}")
+        package = _NEEDS.get(self.save_format)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ImportError(f"ExportForInferenceCallback: save_format={self.save_format!r} needs the {package!r} "
+                              f"package, which is not installed; `pip install {package}`, or choose another format")
+
+    def batch_end(self, state, logger) -> None:
+        if self._sample_checked:
+            return
+        self._sample_checked = True
+        if self.save_format in _NEEDS_SAMPLE and self.sample_input is None and \
+                self._default_sample(state) is None:
+            raise ValueError(f"ExportForInferenceCallback: save_format={self.save_format!r} traces the model with an "
+                             f"example input, and this run's batches (keys {sorted(state.batch)}) have no 'input' "
+                             "entry to take it from; pass sample_input=<the model's input>")
+
+    def fit_end(self, state, logger) -> None:
+        self.export_model(state, logger)
+
+    def export_model(self, state, logger=None) -> Path:
+        """Write the model with the run's current weights to ``save_path``; returns the path."""
+        path = self.save_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if is_torch_model(state.model):
+            self._export_torch(state, path)
+        else:
+            self._export_nnx(state, path)
+        self.exported_path = path
+        upload = getattr(logger, "upload_file", None)
+        if callable(upload):  # Composer hands the export to the logger's file-upload destinations under save_path
+            upload(remote_file_name=str(self.save_path), file_path=path, overwrite=True)
+        return path
+
+    # ---- the sample input ----
+    def _default_sample(self, state) -> Any:
+        """The model's input taken from the last train batch, as host arrays (None when it cannot be told)."""
+        batch = state.batch
+        if not isinstance(batch, dict):
+            return None
+        host = {k: np.asarray(v) for k, v in batch.items()}
+        if is_torch_model(state.model) and callable(getattr(state.model, "loss", None)):
+            # a ComposerModel's forward takes the batch as its loader made it (torch_bridge's rule: a dict of
+            # exactly input and target was a pair)
+            return (host["input"], host["target"]) if set(host) == {"input", "target"} else host
+        return host.get("input")
+
+    def _sample(self, state) -> Any:
+        sample = self.sample_input if self.sample_input is not None else self._default_sample(state)
+        if sample is None:
+            raise ValueError(f"ExportForInferenceCallback: save_format={self.save_format!r} needs an example input "
+                             "and none could be taken from the last train batch; pass sample_input=...")
+        return sample
+
+    # ---- torch ----
+    def _export_torch(self, state, path: Path) -> None:
+        import torch  # a torch model is being exported: its framework is imported already
+
+        model = copy.deepcopy(write_torch_weights(state))
+        for transform in self.transforms:
+            model = transform(model)
+        model.eval()
+        fmt = self.save_format
+        if fmt == "state_dict":
+            torch.save(model.state_dict(), path)
+        elif fmt == "safetensors":
+            from safetensors.torch import save_model
+            save_model(model, str(path))
+        elif fmt == "torchscript":
+            torch.jit.save(self._torchscript(model, state), str(path))
+        else:
+            sample = _as_torch(self._sample(state))
+            input_names = self.input_names or ["input"]
+            output_names = self.output_names or ["output"]
+            axes = {name: {0: "batch_size"} for name in input_names + output_names}
+            with torch.no_grad():
+                torch.onnx.export(model, (sample,), str(path), input_names=input_names,
+                                  output_names=output_names, dynamic_axes=axes)
+
+    def _torchscript(self, model, state):
+        import torch
+
+        try:
+            return torch.jit.script(model)
+        except Exception as script_error:
+            try:
+                sample = _as_torch(self._sample(state))
+            except ValueError as e:
+                raise RuntimeError(f"ExportForInferenceCallback: torch.jit.script failed ({script_error}) and there "
+                                   f"is no sample input to trace the model with instead ({e})") from script_error
+            try:
+                with torch.no_grad():
+                    return torch.jit.trace(model, (sample,), strict=False)
+            except Exception as trace_error:
+                raise RuntimeError(f"ExportForInferenceCallback: the model can be neither scripted "
+                                   f"(torch.jit.script: {script_error}) nor traced (torch.jit.trace: {trace_error}); "
+                                   "export it as 'state_dict' or 'safetensors' instead") from trace_error
+
+    # ---- NNX ----
+    def _export_nnx(self, state, path: Path) -> None:
+        module = current_nnx_module(state)
+        for transform in self.transforms:
+            module = transform(module)
+        if self.save_format == "safetensors":
+            from safetensors.numpy import save_file
+            save_file(flat_names(nnx.state(module)), str(path))
+        else:
+            path.write_bytes(export_stablehlo(module, self._sample(state)).serialize())
+
+
+def export_stablehlo(module: nnx.Module, sample_input: Any) -> jax.export.Exported:
+    """``module(inputs, train=False)`` as a ``jax.export.Exported`` for inputs shaped like ``sample_input`` (an
+    array or a pytree of arrays), with the module's weights inside as constants, so the artifact needs nothing
+    else: ``exported.call(inputs)``. The leading (batch) axis of every input is one symbolic size where the model
+    allows it; a model whose shapes do not (a reshape that fixes the batch) is exported for the sample's batch
+    size, with a warning."""
+    graphdef, weights = nnx.split(module)
+    weights = jax.tree.map(lambda x: x if jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
+                           else np.asarray(jax.device_get(x)), weights)
+
+    def forward(inputs):
+        return nnx.merge(graphdef, weights)(inputs, train=False)
+
+    sample = jax.tree.map(np.asarray, sample_input)
+    (batch,) = jax.export.symbolic_shape("batch")
+    symbolic = jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch,) + x.shape[1:], x.dtype), sample)
+    try:
+        return jax.export.export(jax.jit(forward))(symbolic)
+    except Exception as e:  # shape polymorphism has many ways to fail; the concrete shapes always export
+        warnings.warn(f"export_stablehlo: {type(module).__name__} cannot be exported for any batch size ({e}); "
+                      f"exporting it for the sample's batch size only", RuntimeWarning, stacklevel=2)
+        return jax.export.export(jax.jit(forward))(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                                                sample))
+
+
+def _as_torch(sample: Any) -> Any:
+    """A sample of host arrays as torch tensors (a torch tensor passes through)."""
+    import torch
+
+    def convert(x):
+        return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x))
+
+    if isinstance(sample, dict):
+        return {k: convert(v) for k, v in sample.items()}
+    if isinstance(sample, (tuple, list)):
+        return type(sample)(convert(v) for v in sample)
+    return convert(sample)
