@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from jaxcomposer.algorithms import blurpool as nnx_blurpool, squeeze_excite as nnx_squeeze_excite
 from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
@@ -20,7 +21,7 @@ from . import classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
 from .optim import TrainerOptimizer, TrainerScheduler
-from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances
+from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, blurmax_pool2d, count_module_instances
 
 
 def _to_pure_model(module: torch.nn.Module, example_inputs):
@@ -74,9 +75,19 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                               "apply_gradient_clipping": functional.apply_gradient_clipping},
                   kernels={"conv_general_dilated": kernels.conv_general_dilated},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
-                           "ComposerClassifier": classifier.ComposerClassifier},
+                           "ComposerClassifier": classifier.ComposerClassifier,
+                           # Composer's torch layers, importable from the method's jaxcomposer module
+                           "BlurConv2d": BlurConv2d, "blurmax_pool2d": blurmax_pool2d,
+                           "SqueezeExciteConv2d": methods.squeeze_excite.SqueezeExciteConv2d},
                   seed=_seed, draw_seed=_draw_seed,
                   to_optimizer=lambda opt, model: TrainerOptimizer(opt, model)
                   if isinstance(opt, torch.optim.Optimizer) else None,
                   to_scheduler=lambda sched, opt, where: TrainerScheduler(sched, opt, where)
                   if isinstance(sched, torch.optim.lr_scheduler.LRScheduler) else None)
+
+# Where Composer's torch layer and jaxcomposer's NNX layer share a name in the method's module
+# (``from jaxcomposer.algorithms.blurpool import BlurMaxPool2d``), the torch layer is a virtual subclass of the NNX
+# one (both are ABCs), so a Composer script's ``isinstance(m, BlurMaxPool2d)`` holds for the torch layers surgery made
+for _native, _torch in ((nnx_blurpool.BlurMaxPool2d, BlurMaxPool2d),
+                        (nnx_squeeze_excite.SqueezeExcite2d, methods.squeeze_excite.SqueezeExcite2d)):
+    _native.register(_torch)

@@ -222,3 +222,13 @@ def BlurPool(replace_convs: bool = True, replace_maxpools: bool = True, blur_fir
 
 # Registration: jaxcomposer.algorithms, jaxcomposer.functional and `jaxcomposer methods` find the method here.
 ENTRY = MethodEntry(registry_name="blurpool", factory=BlurPool, functional=(apply_blurpool,))
+
+
+_TORCH_LAYERS = ('BlurConv2d', 'blurmax_pool2d')  # Composer's torch layers of this method, handed out by the torch adapter
+
+
+def __getattr__(name: str):
+    if name in _TORCH_LAYERS:
+        from jaxcomposer.core import adapters
+        return adapters.framework_class("torch", name, wanted_by=f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

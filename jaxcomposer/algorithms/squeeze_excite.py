@@ -150,3 +150,13 @@ def SqueezeExcite(latent_channels: float = 64, min_channels: int = 128) -> Metho
 
 
 ENTRY = MethodEntry(registry_name="squeeze_excite", factory=SqueezeExcite, functional=(apply_squeeze_excite,))
+
+
+_TORCH_LAYERS = ('SqueezeExciteConv2d',)  # Composer's torch layers of this method, handed out by the torch adapter
+
+
+def __getattr__(name: str):
+    if name in _TORCH_LAYERS:
+        from jaxcomposer.core import adapters
+        return adapters.framework_class("torch", name, wanted_by=f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

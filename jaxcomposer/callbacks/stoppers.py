@@ -12,6 +12,9 @@ import operator
 import warnings
 from typing import Any, Callable
 
+import numpy as np
+
+from jaxcomposer.core import adapters
 from jaxcomposer.core.events import Callback
 from jaxcomposer.core.time import Time, TimeUnit
 from jaxcomposer.loggers.logger import is_ready
@@ -30,7 +33,12 @@ def infer_comp(monitor: str, comp: str | Callable | None) -> str | Callable:
     if comp is None:
         return "less" if any(s in monitor.lower() for s in _LOWER_IS_BETTER) else "greater"
     if callable(comp):
-        return comp
+        adapter = adapters.function_adapter(comp)
+        if adapter is None or adapter.from_array is None:
+            return comp
+        # Composer hands comp its metric tensors (comp=torch.less): the framework's function gets its own arrays
+        as_array = lambda v: adapter.from_array(None, np.asarray(v, np.float32))  # noqa: E731
+        return lambda value, reference: comp(as_array(value), as_array(reference))
     if isinstance(comp, str) and comp.lower() in _COMP_NAMES:
         return _COMP_NAMES[comp.lower()]
     raise ValueError(f"comp must be None, 'greater'/'gt', 'less'/'lt' or a callable (a, b) -> bool, got {comp!r}.")

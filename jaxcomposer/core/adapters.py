@@ -101,6 +101,12 @@ def adapter_for(obj: Any) -> Adapter | None:
     return None
 
 
+def function_adapter(fn: Any) -> Adapter | None:
+    """The adapter of the framework a function comes from (``torch.less``), by its module; None for others."""
+    package = (getattr(fn, "__module__", None) or "").split(".")[0]
+    return _load(package) if package in _entry_points() else None
+
+
 def is_foreign_model(obj: Any) -> bool:
     """Whether ``obj`` is another framework's model (a torch ``nn.Module``) that an adapter converts."""
     adapter = adapter_for(obj)

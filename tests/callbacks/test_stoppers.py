@@ -185,3 +185,20 @@ def test_threshold_stopper_validation():
         ThresholdStopper("accuracy")
     with pytest.raises(ValueError, match="comp"):
         ThresholdStopper("accuracy", threshold=0.5, comp=3)
+
+
+def test_a_torch_comparison_gets_tensors_as_in_composer():
+    import torch
+
+    seen = []
+
+    def less(a, b):  # a torch function by its module, as torch.less is
+        seen.append((type(a), type(b)))
+        return torch.less(a, b)
+
+    less.__module__ = "torch"
+    for comp in (torch.less, less):
+        state, n = run_evals(ThresholdStopper("cross_entropy", threshold=1.0, comp=comp), [3.0, 1.5, 0.9, 0.5],
+                             name="cross_entropy")
+        assert state.stop_requested and n == 3
+    assert set(seen) == {(torch.Tensor, torch.Tensor)}

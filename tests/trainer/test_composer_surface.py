@@ -59,6 +59,23 @@ def test_composer_import_paths():
     assert core.Precision.AMP_BF16 == "amp_bf16" and str(core.Precision.FP32) == "fp32"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         core.Nope
+    assert jaxcomposer.State is RunState and jaxcomposer.Evaluator is core.Evaluator
+    assert jaxcomposer.ComposerModel is torch_bridge.ComposerModel and jaxcomposer.trainer.Trainer is trainer.Trainer
+
+
+def test_composers_torch_layers_from_the_methods_modules():
+    import torch_bridge.methods.squeeze_excite as torch_se
+    import torch_bridge.surgery as torch_blur
+    from jaxcomposer.algorithms import blurpool, squeeze_excite
+
+    assert blurpool.BlurConv2d is torch_blur.BlurConv2d and blurpool.blurmax_pool2d is torch_blur.blurmax_pool2d
+    assert squeeze_excite.SqueezeExciteConv2d is torch_se.SqueezeExciteConv2d
+    # where Composer's torch layer shares its name with the NNX one, a Composer script's isinstance holds for both
+    assert isinstance(torch_blur.BlurMaxPool2d(2), blurpool.BlurMaxPool2d)
+    assert isinstance(torch_se.SqueezeExcite2d(8, 4), squeeze_excite.SqueezeExcite2d)
+    assert not isinstance(torch.nn.MaxPool2d(2), blurpool.BlurMaxPool2d)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        blurpool.Nope
 
 
 def test_composer_classifier_of_a_torch_module_is_a_torch_module():
