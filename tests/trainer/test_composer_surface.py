@@ -55,6 +55,8 @@ def test_composer_import_paths():
         assert getattr(core, name) is not None
     assert models.ComposerModel is torch_bridge.ComposerModel
     assert models.HuggingFaceModel is torch_bridge.HuggingFaceModel
+    from jaxcomposer.models.huggingface import HuggingFaceModel
+    assert HuggingFaceModel is torch_bridge.HuggingFaceModel
     assert callable(utils.reproducibility.seed_all)
     assert core.Precision.AMP_BF16 == "amp_bf16" and str(core.Precision.FP32) == "fp32"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
