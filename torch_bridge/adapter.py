@@ -17,7 +17,7 @@ from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
-from . import classifier, functional, kernels, methods
+from . import callbacks, classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
 from .optim import TrainerOptimizer, TrainerScheduler
@@ -72,7 +72,9 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                   is_array=lambda obj: isinstance(obj, torch.Tensor), to_array=functional.to_array,
                   from_array=functional.from_array, data_format="NCHW", no_grad=torch.no_grad,
                   functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
-                              "apply_gradient_clipping": functional.apply_gradient_clipping},
+                              "apply_gradient_clipping": functional.apply_gradient_clipping,
+                              "export_for_inference": callbacks.export_for_inference,
+                              "generate": callbacks.generate},
                   kernels={"conv_general_dilated": kernels.conv_general_dilated},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
                            "ComposerClassifier": classifier.ComposerClassifier,

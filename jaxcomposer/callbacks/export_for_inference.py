@@ -1,7 +1,6 @@
 """``ExportForInferenceCallback``: the trained model written out for serving at the end of ``fit``, as Composer's."""
 from __future__ import annotations
 
-import copy
 import importlib.util
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ from flax import nnx
 
 from jaxcomposer.callbacks._current_model import (current_nnx_module, flat_names, is_torch_model,
                                                   write_torch_weights)
+from jaxcomposer.core import adapters
 from jaxcomposer.core.events import Callback
 
 __all__ = ["ExportForInferenceCallback", "export_stablehlo", "TORCH_FORMATS", "NNX_FORMATS"]
@@ -45,9 +45,8 @@ class ExportForInferenceCallback(Callback):
     The format is checked against the model, and the package it needs, at INIT: before training, not after it.
 
     What is exported is ``state.model`` (a ComposerModel wrapper is exported whole, as Composer exports its
-    ``state.model``) with the run's final weights, read from the train state (FIT_END comes before the Trainer writes
-    them into the user's module; for a torch model this callback writes them there itself, the same values the
-    Trainer writes next). ``transforms`` (callables ``model -> model``) run on a copy before export, as Composer's.
+    ``state.model``) with the run's final weights (the Trainer writes them into the user's module before FIT_END;
+    a torch model is exported by ``torch_bridge``, through the torch adapter). ``transforms`` (callables ``model -> model``) run on a copy before export, as Composer's.
 
     ``sample_input``: the model's input for tracing (one positional argument). By default, taken from the last
     train batch: ``batch['input']`` for a bare module (torch or NNX), and for a torch ComposerModel the batch in the
@@ -145,49 +144,11 @@ class ExportForInferenceCallback(Callback):
                              "and none could be taken from the last train batch; pass sample_input=...")
         return sample
 
-    # ---- torch ----
+    # ---- torch: torch_bridge's (jaxcomposer never imports torch) ----
     def _export_torch(self, state, path: Path) -> None:
-        import torch  # a torch model is being exported: its framework is imported already
-
-        model = copy.deepcopy(write_torch_weights(state))
-        for transform in self.transforms:
-            model = transform(model)
-        model.eval()
-        fmt = self.save_format
-        if fmt == "state_dict":
-            torch.save(model.state_dict(), path)
-        elif fmt == "safetensors":
-            from safetensors.torch import save_model
-            save_model(model, str(path))
-        elif fmt == "torchscript":
-            torch.jit.save(self._torchscript(model, state), str(path))
-        else:
-            sample = _as_torch(self._sample(state))
-            input_names = self.input_names or ["input"]
-            output_names = self.output_names or ["output"]
-            axes = {name: {0: "batch_size"} for name in input_names + output_names}
-            with torch.no_grad():
-                torch.onnx.export(model, (sample,), str(path), input_names=input_names,
-                                  output_names=output_names, dynamic_axes=axes)
-
-    def _torchscript(self, model, state):
-        import torch
-
-        try:
-            return torch.jit.script(model)
-        except Exception as script_error:
-            try:
-                sample = _as_torch(self._sample(state))
-            except ValueError as e:
-                raise RuntimeError(f"ExportForInferenceCallback: torch.jit.script failed ({script_error}) and there "
-                                   f"is no sample input to trace the model with instead ({e})") from script_error
-            try:
-                with torch.no_grad():
-                    return torch.jit.trace(model, (sample,), strict=False)
-            except Exception as trace_error:
-                raise RuntimeError(f"ExportForInferenceCallback: the model can be neither scripted "
-                                   f"(torch.jit.script: {script_error}) nor traced (torch.jit.trace: {trace_error}); "
-                                   "export it as 'state_dict' or 'safetensors' instead") from trace_error
+        export = adapters.model_adapter(state.model).functional["export_for_inference"]
+        export(write_torch_weights(state), self.save_format, path, transforms=self.transforms,
+               sample=lambda: self._sample(state), input_names=self.input_names, output_names=self.output_names)
 
     # ---- NNX ----
     def _export_nnx(self, state, path: Path) -> None:
@@ -224,17 +185,3 @@ def export_stablehlo(module: nnx.Module, sample_input: Any) -> jax.export.Export
                       f"exporting it for the sample's batch size only", RuntimeWarning, stacklevel=2)
         return jax.export.export(jax.jit(forward))(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                                                 sample))
-
-
-def _as_torch(sample: Any) -> Any:
-    """A sample of host arrays as torch tensors (a torch tensor passes through)."""
-    import torch
-
-    def convert(x):
-        return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x))
-
-    if isinstance(sample, dict):
-        return {k: convert(v) for k, v in sample.items()}
-    if isinstance(sample, (tuple, list)):
-        return type(sample)(convert(v) for v in sample)
-    return convert(sample)

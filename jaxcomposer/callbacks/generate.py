@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcomposer.callbacks._current_model import is_torch_model, write_torch_weights
+from jaxcomposer.core import adapters
 from jaxcomposer.core.events import Callback, Event
 from jaxcomposer.core.time import Time, TimeUnit
 
@@ -184,27 +185,8 @@ class Generate(Callback):
         return [_until_eos(out[row, n:n + steps].tolist(), eos) for row, n in enumerate(lengths)]
 
     def _generate_hf(self, state, prompts: list[list[int]]) -> list[list[int]]:
-        import torch  # a torch model is running: its framework is imported already
-
-        wrapper = write_torch_weights(state)
-        hf = wrapper.model
-        tokenizer = self._tokenizer(state)
-        pad = next((v for v in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None),
-                                getattr(getattr(hf, "config", None), "pad_token_id", None),
-                                getattr(getattr(hf, "config", None), "eos_token_id", None)) if v is not None), 0)
-        longest = max(map(len, prompts))
-        # left padding: generation continues from each row's last column
-        input_ids = torch.tensor([[pad] * (longest - len(ids)) + ids for ids in prompts], dtype=torch.long)
-        mask = torch.tensor([[0] * (longest - len(ids)) + [1] * len(ids) for ids in prompts], dtype=torch.long)
-        kwargs = {"pad_token_id": pad, **self.generate_kwargs}
-        was_training = wrapper.training
-        wrapper.eval()
-        try:
-            with torch.no_grad():
-                out = hf.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
-        finally:
-            wrapper.train(was_training)
-        return [row[longest:].tolist() for row in out]
+        generate = adapters.model_adapter(state.model).functional["generate"]  # torch_bridge's
+        return generate(write_torch_weights(state), prompts, self._tokenizer(state), self.generate_kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "do_sample", "top_k"))
