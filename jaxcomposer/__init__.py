@@ -26,8 +26,8 @@ _HOMES = {  # public name -> the module that defines it
 _RENAMED = {"State": "RunState"}  # public name -> the name in its home module
 # Composer's torch model classes, handed out by the torch adapter when asked for (jaxcomposer never imports torch)
 _TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel")
-_SUBMODULES = ("algorithms", "callbacks", "core", "data", "functional", "loggers", "metrics", "models", "optim", "trainer",
-               "utils")
+_SUBMODULES = ("algorithms", "callbacks", "core", "data", "functional", "loggers", "metrics", "models", "optim",
+               "profiler", "trainer", "utils")
 
 __all__ = sorted([*_HOMES, *_SUBMODULES])  # (the torch classes are left out: `import *` must not import torch)
 __version__ = "0.1.0"

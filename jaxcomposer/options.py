@@ -198,6 +198,8 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
     Option("callbacks", Any, None, "host callbacks run at Composer's events"),
     Option("loggers", Any, None, "logger destinations (jaxcomposer.loggers)"),
     Option("devices", Any, None, "the devices of the data-parallel mesh (default: all)"),
+    Option("profiler", Any, None, "Composer's Profiler (jaxcomposer.profiler): Chrome JSON traces of the loop's "
+                                  "phases and a jax.profiler device trace, in the batches its schedule picks"),
     Option("device", Any, None, "Composer's device: 'cpu', 'gpu' or 'tpu' (every device of that platform) or one "
                                 "JAX device; default: JAX's default platform"),
 )

@@ -24,7 +24,7 @@ import dataclasses
 import difflib
 import warnings
 import zlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -351,3 +351,28 @@ def _positive_int(value: Any, where: str) -> int:
 def _did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+_PLATFORMS = {"cpu": ("cpu",), "gpu": ("gpu", "cuda", "rocm"), "cuda": ("cuda", "gpu"), "tpu": ("tpu",)}
+
+
+def devices_for(device: Any, devices: Sequence | None) -> list:
+    """The mesh's devices from Composer's ``device`` ('cpu', 'gpu', 'tpu', or one JAX device) and/or ``devices``."""
+    if device is None:
+        return list(devices) if devices is not None else jax.devices()
+    if devices is not None:
+        raise ConfigurationError(f"device={device!r} and devices=... both given; pass one (device picks a platform, "
+                                 "devices lists the mesh's devices)")
+    if isinstance(device, jax.Device):
+        return [device]
+    name = getattr(device, "name", device) if not isinstance(device, str) else device
+    if not isinstance(name, str) or name.lower() not in _PLATFORMS:
+        raise ConfigurationError(f"device: got {device!r}, expected 'cpu', 'gpu' or 'tpu' (or a jax.Device)")
+    for platform in _PLATFORMS[name.lower()]:
+        try:
+            return jax.devices(platform)
+        except RuntimeError:
+            continue
+    raise ConfigurationError(f"device: {device!r} asked for, but JAX has no such device here (it has "
+                             f"{sorted({d.platform for d in jax.devices()})}); install jax with that backend, or "
+                             "pass device='cpu'")

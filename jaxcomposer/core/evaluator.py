@@ -7,9 +7,10 @@ evaluates each set under its label and logs ``metrics/<label>/<name>``; a bare l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from jaxcomposer.core.time import Time
+from jaxcomposer.data import data_spec
 from jaxcomposer.errors import ConfigurationError
 
 
@@ -51,12 +52,15 @@ class Evaluator:
 
 def as_evaluators(eval_dataloader: Any) -> list[Evaluator]:
     """The Trainer's ``eval_dataloader`` as a list of Evaluators: an Evaluator or a list of them as given, one
-    loader (or DataSpec) as ``Evaluator('eval', loader)``. A list of bare loaders is refused, since it is
-    ambiguous (one set per loader needs a label each)."""
+    loader (or DataSpec; a list of batches too) as ``Evaluator('eval', loader)``. A list of bare loaders is
+    refused, since it is ambiguous (one set per loader needs a label each)."""
     if eval_dataloader is None:
         return []
     if isinstance(eval_dataloader, Evaluator):
         return [eval_dataloader]
+    if isinstance(eval_dataloader, (list, tuple)) and eval_dataloader and \
+            all(isinstance(e, (dict, tuple, list)) for e in eval_dataloader):
+        return [Evaluator(label="eval", dataloader=eval_dataloader)]  # a list of batches is a loader
     if isinstance(eval_dataloader, (list, tuple)):
         not_evaluators = [i for i, e in enumerate(eval_dataloader) if not isinstance(e, Evaluator)]
         if not_evaluators:
@@ -79,3 +83,32 @@ def check_metric_names(evaluator: Evaluator, available: Sequence[str]) -> None:
     if missing:
         raise ConfigurationError(f"Evaluator(label={evaluator.label!r}): metric_names {missing} are not among the "
                                  f"model's metrics {sorted(available)} (get_metrics(is_train=False))")
+
+
+class EvalSet(NamedTuple):
+    """An :class:`Evaluator` as the Trainer runs it: its loader converted, its DataSpec apart, its interval parsed
+    (the Trainer's when it set none; None: only when asked)."""
+
+    label: str
+    loader: Any
+    spec: Any
+    metric_names: tuple[str, ...] | None
+    subset: int
+    interval: Any
+
+
+def resolve_evaluator(ev: Evaluator, default_interval: Any, as_loader: Callable[[Any, str], Any]) -> EvalSet:
+    """``ev`` with its loader converted by ``as_loader(loader, argument name)`` (a torch DataLoader wrapped), its
+    DataSpec unwrapped and its interval parsed (``default_interval``, the Trainer's, when it sets none)."""
+    from jaxcomposer import options  # (options imports core modules: imported here, not at the top)
+
+    loader, spec = data_spec.unwrap(ev.dataloader)
+    if callable(ev.eval_interval):
+        interval = ev.eval_interval
+    elif ev.eval_interval is None:
+        interval = default_interval
+    else:
+        interval = options.parse_interval(ev.eval_interval, f"Evaluator({ev.label!r}).eval_interval")
+    return EvalSet(ev.label, as_loader(loader, f"Evaluator({ev.label!r}).dataloader"), spec,
+                   None if ev.metric_names is None else tuple(ev.metric_names),
+                   -1 if ev.subset_num_batches is None else ev.subset_num_batches, interval)

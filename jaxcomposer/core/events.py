@@ -100,6 +100,7 @@ class RunState(ReadsPlan):
     # the Trainer's: write the current weights into ``model`` (the user's module) and return it; costs a copy of the
     # weights from the device, so callbacks call it only when they hand the model to other code
     sync_model: Any = None
+    profiler: Any = None  # the Trainer's Profiler (Composer's state.profiler), or None
 
     @property
     def rank_zero_seed(self) -> int | None:

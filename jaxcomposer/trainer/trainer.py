@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -16,7 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ import numpy as np
 import optax
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
-from jaxcomposer.core.evaluator import Evaluator, as_evaluators, check_metric_names
+from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
 from jaxcomposer.core.events import Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
@@ -39,6 +40,7 @@ from jaxcomposer.loggers.logger import is_ready
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, call_function_scheduler, compose_schedules
+from jaxcomposer.profiler import Profiler
 from jaxcomposer.trainer import checkpoint
 from jaxcomposer.trainer import step as steps
 from jaxcomposer.utils import reproducibility
@@ -94,9 +96,14 @@ class Trainer(ReadsPlan):
                  load_ignore_keys: Sequence[str] = (), autoresume: bool = False, nonfinite: str = "raise",
                  nonfinite_max_skips: int = 10, devices: Sequence | None = None,
                  parallelism_config: dict | None = None, fsdp_config: dict | None = None,
-                 device_memory_bytes: int | None = None, steps_per_execution: int = 1, device: Any = None):
+                 device_memory_bytes: int | None = None, steps_per_execution: int = 1, device: Any = None,
+                 profiler: Profiler | None = None):
         # ---- validate (nothing compiled or written yet) ----
         a = options.validate_trainer_args(locals())  # every plain-valued argument, against the one option table
+        if profiler is not None and not isinstance(profiler, Profiler):
+            raise ConfigurationError(f"profiler: got {type(profiler).__name__}, expected a jaxcomposer.profiler."
+                                     "Profiler(schedule=cyclic_schedule(...), trace_handlers=[JSONTraceHandler(...)])")
+        self.profiler = profiler
         if adapters.is_foreign_model(model):
             # a torch ComposerModel (forward(batch) + its own loss) is its own task; a bare torch module is a
             # classifier, as Composer's ComposerClassifier(module)
@@ -139,7 +146,7 @@ class Trainer(ReadsPlan):
         reproducibility.seed_imported(self.seed)
         self.run_name = a.run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
         self.run_dir = Path(a.run_dir).absolute() if a.run_dir is not None else None
-        devices = _devices(device, devices)
+        devices = parallel.devices_for(device, devices)
         self.parallelism = parallel.parse_parallelism(a.parallelism_config, a.fsdp_config, len(devices),
                                                       num_processes=jax.process_count())
         self.mesh = parallel.make_mesh(self.parallelism, devices)
@@ -241,6 +248,8 @@ class Trainer(ReadsPlan):
                         PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
+        if profiler is not None:  # first: at BATCH_START it decides whether the batch is traced
+            self.callbacks.insert(0, profiler)
         # per-parameter norms are computed in the step only for a callback that reads them (OptimizerMonitor)
         self._layer_norms = any(getattr(cb, "reads_layer_norms", False) for cb in self.callbacks)
 
@@ -267,7 +276,7 @@ class Trainer(ReadsPlan):
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
                               algorithms=list(self.composed.methods),
                               device_train_microbatch_size=a.device_train_microbatch_size,
-                              sync_model=self._synced_model)
+                              sync_model=self._synced_model, profiler=profiler)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
@@ -337,6 +346,8 @@ class Trainer(ReadsPlan):
                 self._fit_loop(preemption)
         finally:  # also on a preemption or an error: the module holds the last good weights
             self._sync_model()
+            if self.profiler is not None:  # an error mid-window: stop the device trace, write what was traced
+                self.profiler.flush(st)
         return st
 
     def _fit_loop(self, preemption: "_PreemptionGuard") -> None:
@@ -365,7 +376,8 @@ class Trainer(ReadsPlan):
                         self._host_lr = self._host_multiplier()
                         if self.microbatch_size == "auto":
                             self.microbatch_size = self._auto_microbatch_size(batch, stage)
-                        st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
+                        with self._marker("step", device_step=True):
+                            st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
                     else:
                         metrics = chunk_metrics[i]
                     st.batch_size, st.batch = n, batch
@@ -459,14 +471,8 @@ class Trainer(ReadsPlan):
                                      ev.label, spec=ev.spec, metric_names=ev.metric_names)
         return metrics
 
-    def _eval_set(self, ev: Evaluator) -> "_EvalSet":
-        """An Evaluator with its loader converted (a torch DataLoader wrapped), its DataSpec and interval parsed."""
-        loader, spec = data_spec.unwrap(ev.dataloader)
-        interval = ev.eval_interval if callable(ev.eval_interval) else self.eval_interval \
-            if ev.eval_interval is None else options.parse_interval(ev.eval_interval, f"Evaluator({ev.label!r}).eval_interval")
-        return _EvalSet(ev.label, _as_loader(loader, f"Evaluator({ev.label!r}).dataloader"), spec,
-                        None if ev.metric_names is None else tuple(ev.metric_names),
-                        -1 if ev.subset_num_batches is None else ev.subset_num_batches, interval)
+    def _eval_set(self, ev: Evaluator) -> EvalSet:
+        return resolve_evaluator(ev, self.eval_interval, _as_loader)
 
     def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str, *,
                   spec: Any = None, metric_names: tuple[str, ...] | None = None) -> dict[str, float]:
@@ -649,7 +655,8 @@ class Trainer(ReadsPlan):
             return
         self._check_finite()  # never save past a step that should have raised
         st = self.state
-        self.store.save(st.timestamp.batch, st.train_state, st.timestamp, self._meta())
+        with self._marker("checkpoint"):
+            self.store.save(st.timestamp.batch, st.train_state, st.timestamp, self._meta())
         self._last_saved = st.timestamp.batch
 
     def _due(self, interval: Time | Callable | None, unit: TimeUnit, count: int | None = None) -> bool:
@@ -667,6 +674,10 @@ class Trainer(ReadsPlan):
             cb.close(self.state, self.logger)
 
     # ---- helpers ----
+    def _marker(self, name: str, **kwargs):
+        """The profiler's marker ``name`` (a no-op context without a profiler): a range in the traces."""
+        return self.profiler.marker(name, **kwargs) if self.profiler is not None else contextlib.nullcontext()
+
     def _fire(self, event: Event) -> None:
         for cb in self.callbacks:
             cb.run_event(event, self.state, self.logger)
@@ -733,11 +744,13 @@ class Trainer(ReadsPlan):
     def _run_eval(self, unit: TimeUnit | None) -> bool:
         """Evaluate the sets due at this ``unit``'s boundary (``None``: every set with an interval, at the end of
         fit); whether any was."""
-        due = [ev for ev in self._eval_sets if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
+        due = [ev for ev in self._eval_sets
+               if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
         if due:
             self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
         for ev in due:
-            self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
+            with self._marker(f"eval/{ev.label}"):
+                self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
         return bool(due)
 
     def _done(self) -> bool:
@@ -864,8 +877,9 @@ class Trainer(ReadsPlan):
             return None
         k = self.steps_per_execution
         padded = tuple(chunk) + (chunk[-1],) * (k - len(chunk))
-        st.train_state, metrics = self._multi_step_for(_batch_size(chunk[0]), k)(
-            st.train_state, padded, stages[0], np.int32(len(chunk)))
+        with self._marker("step", device_step=True):
+            st.train_state, metrics = self._multi_step_for(_batch_size(chunk[0]), k)(
+                st.train_state, padded, stages[0], np.int32(len(chunk)))
         return metrics[:len(chunk)]
 
     def compiled_train_step(self, batch: dict, stage=None, num_microbatches: int = 1):
@@ -939,8 +953,9 @@ class Trainer(ReadsPlan):
 
         # several processes: each loader holds its process's rows (shard_for_processes), Composer's per-rank
         # batches; together they make the global batch (one process: a plain device_put)
-        return prefetch_to_device(host_batches(), size=2, sharding=sharding,
-                                  place=lambda batch: parallel.process_rows_to_global(batch, sharding))
+        batches = prefetch_to_device(host_batches(), size=2, sharding=sharding,
+                                     place=lambda batch: parallel.process_rows_to_global(batch, sharding))
+        return batches if self.profiler is None else self.profiler.marked_iter("dataloader/train", batches)
 
     def _check_train_batch(self, batch: dict) -> None:
         n = _batch_size(batch) * jax.process_count()  # the global batch
@@ -1011,43 +1026,6 @@ class _PreemptionGuard:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         return False
-
-
-class _EvalSet(NamedTuple):
-    """An :class:`Evaluator` as the Trainer runs it: its loader converted, its DataSpec apart, its interval parsed
-    (the Trainer's when it set none; None: only when asked)."""
-
-    label: str
-    loader: Any
-    spec: Any
-    metric_names: tuple[str, ...] | None
-    subset: int
-    interval: Any
-
-
-_PLATFORMS = {"cpu": ("cpu",), "gpu": ("gpu", "cuda", "rocm"), "cuda": ("cuda", "gpu"), "tpu": ("tpu",)}
-
-
-def _devices(device: Any, devices: Sequence | None) -> list:
-    """The mesh's devices from Composer's ``device`` ('cpu', 'gpu', 'tpu', or one JAX device) and/or ``devices``."""
-    if device is None:
-        return list(devices) if devices is not None else jax.devices()
-    if devices is not None:
-        raise ConfigurationError(f"device={device!r} and devices=... both given; pass one (device picks a platform, "
-                                 "devices lists the mesh's devices)")
-    if isinstance(device, jax.Device):
-        return [device]
-    name = getattr(device, "name", device) if not isinstance(device, str) else device
-    if not isinstance(name, str) or name.lower() not in _PLATFORMS:
-        raise ConfigurationError(f"device: got {device!r}, expected 'cpu', 'gpu' or 'tpu' (or a jax.Device)")
-    for platform in _PLATFORMS[name.lower()]:
-        try:
-            return jax.devices(platform)
-        except RuntimeError:
-            continue
-    raise ConfigurationError(f"device: {device!r} asked for, but JAX has no such device here (it has "
-                             f"{sorted({d.platform for d in jax.devices()})}); install jax with that backend, or "
-                             "pass device='cpu'")
 
 
 def _as_loader(loader, name: str):
