@@ -319,14 +319,15 @@ def check_name_pattern(pattern: str | None, argument: str) -> None:
         raise CheckpointError(f"{argument}: {pattern!r} must name a file inside save_folder (relative, no '..')")
 
 
-def link(folder: Path, name: str, step: int) -> None:
-    """``folder/name`` becomes a link to the step directory, replacing an older link of that name atomically."""
+def link(folder: Path, name: str, target: str) -> None:
+    """``folder/name`` becomes a link to ``folder/target`` (a step directory, or another name), replacing an older
+    link of that name atomically."""
     path = folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
-    os.symlink(os.path.relpath(folder / str(step), path.parent), tmp, target_is_directory=True)
+    os.symlink(os.path.relpath(folder / target, path.parent), tmp, target_is_directory=True)
     os.replace(tmp, path)
 
 
@@ -428,22 +429,27 @@ class CheckpointStore:
             self._name_committed()
 
     def _name_committed(self) -> None:
-        """Composer's names for the steps committed since the last call (``ep1-ba4-rank0.pt``, and
-        ``latest-rank0.pt`` moved to the newest), made only once a step is complete and checksummed, so a name
-        never points at a torn save; names of steps pruned by ``keep`` are removed with them."""
+        """Composer's names for the steps committed since the last call (``ep1-ba4-rank0.pt`` links to the step
+        directory, and ``latest-rank0.pt`` moves to the newest name), made only once a step is complete and
+        checksummed, so a name never points at a torn save; names of steps pruned by ``keep`` go with them."""
         if not self.folder.is_dir() or (self.filename is None and self.latest_filename is None):
             self._unnamed = []
             return
         for step, timestamp in self._unnamed:
             if (self.folder / str(step)).is_dir():
+                target = str(step)
                 if self.filename is not None:
-                    link(self.folder, format_name(self.filename, timestamp, self.run_name), step)
-                if self.latest_filename is not None:
-                    link(self.folder, format_name(self.latest_filename, timestamp, self.run_name), step)
+                    target = format_name(self.filename, timestamp, self.run_name)
+                    link(self.folder, target, str(step))
+                if self.latest_filename is not None:  # to the newest checkpoint's name, as Composer's symlink
+                    link(self.folder, format_name(self.latest_filename, timestamp, self.run_name), target)
         self._unnamed = []
-        for path in self.folder.rglob("*"):
-            if path.is_symlink() and not path.exists():  # its step was pruned (save_num_checkpoints_to_keep)
-                path.unlink()
+        for parent, dirs, files in os.walk(self.folder):  # (not into steps: names live beside them)
+            dirs[:] = [d for d in dirs if not (d.isdigit() and parent == str(self.folder)) and _TMP not in d]
+            for name in dirs + files:
+                path = Path(parent) / name
+                if path.is_symlink() and not path.exists():  # its step was pruned (save_num_checkpoints_to_keep)
+                    path.unlink()
 
     def restore(self, step: int, target_state: TrainState, **kw) -> tuple[TrainState, Timestamp | None, dict]:
         return restore(self.folder / str(step), target_state, label=f"checkpoint step {step} in {self.folder}", **kw)
