@@ -20,7 +20,7 @@ from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, 
 from . import callbacks, classifier, functional, kernels, methods
 from .data import from_dataloader
 from .module import from_torch
-from .optim import TrainerOptimizer, TrainerScheduler
+from .optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, blurmax_pool2d, count_module_instances
 
 
@@ -74,7 +74,7 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                   functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
                               "apply_gradient_clipping": functional.apply_gradient_clipping,
                               "export_for_inference": callbacks.export_for_inference,
-                              "generate": callbacks.generate},
+                              "generate": callbacks.generate, "surgery_follower": SurgeryFollower},
                   kernels={"conv_general_dilated": kernels.conv_general_dilated},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
                            "ComposerClassifier": classifier.ComposerClassifier,

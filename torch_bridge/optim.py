@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -536,6 +536,9 @@ class TrainerOptimizer:
         # refuses an option without translation, or parameters that are not the model's, before any export
         self.tx = translate(optimizer, named)
         self.named: dict[str, torch.nn.Parameter] | None = None
+        # the methods' model surgery (BlurPool) replaces layers: the optimizer follows, as Composer's surgery
+        # updates state.optimizers
+        self.surgery = SurgeryFollower(optimizer)
 
     @property
     def lr(self) -> float:
@@ -592,3 +595,53 @@ class TrainerScheduler:
         # not warn that it is stepped first
         self.scheduler.optimizer._opt_called = True
         self.scheduler.step()
+
+
+def update_params_in_optimizer(old_params: Sequence[torch.nn.Parameter], new_params: Sequence[torch.nn.Parameter],
+                               optimizers: Any) -> None:
+    """Composer's ``update_params_in_optimizer``: after model surgery replaced ``old_params`` by ``new_params``,
+    the optimizers hold the new ones. Parameters surgery removed leave their groups (and their optimizer state);
+    parameters it added join group 0, in the model's order. As in Composer, added parameters with several param
+    groups are refused (which group they belong to is not known), as is more than one optimizer."""
+    optimizers = [] if optimizers is None else list(optimizers) if isinstance(optimizers, (list, tuple)) \
+        else [optimizers]
+    if not optimizers:
+        return
+    if len(optimizers) > 1:
+        raise ConfigurationError("optimizers: model surgery keeps one optimizer's parameters up to date (as in "
+                                 f"Composer), got {len(optimizers)}")
+    optimizer = optimizers[0]
+    old_ids, new_ids = {id(p) for p in old_params}, {id(p) for p in new_params}
+    removed = [p for p in old_params if id(p) not in new_ids]
+    added = [p for p in new_params if id(p) not in old_ids]
+    removed_ids = {id(p) for p in removed}
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not any(id(p) in in_optimizer for p in removed):
+        return  # surgery changed nothing this optimizer holds (or it holds none of the model's parameters)
+    if added and len(optimizer.param_groups) > 1:
+        raise ConfigurationError(
+            f"optimizers: model surgery replaced parameters of {type(optimizer).__name__}, which has "
+            f"{len(optimizer.param_groups)} param groups; the new parameters could join any of them (Composer "
+            "refuses this too). Build the optimizer after the surgery, or with one param group")
+    for group in optimizer.param_groups:
+        group["params"] = [p for p in group["params"] if id(p) not in removed_ids]
+    for p in removed:
+        optimizer.state.pop(p, None)
+    if added:
+        optimizer.param_groups[0]["params"].extend(added)
+
+
+class SurgeryFollower:
+    """Keeps a torch optimizer on the model's parameters across model surgery: ``before(model)`` notes them, and
+    ``after(model)`` moves the optimizer to what surgery left (:func:`update_params_in_optimizer`)."""
+
+    def __init__(self, optimizers: Any):
+        self.optimizers = optimizers
+        self._before: list[torch.nn.Parameter] = []
+
+    def before(self, model: Any) -> None:
+        self._before = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+
+    def after(self, model: Any) -> None:
+        after = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+        update_params_in_optimizer(self._before, after, self.optimizers)

@@ -69,6 +69,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -156,11 +157,11 @@ def apply_alibi(model: Any, max_sequence_length: int, optimizers: Any = None, *,
     """Composer's ``apply_alibi(model, max_sequence_length, optimizers=None)``.
 
     A torch module is edited in place and returned (Composer returns None). A Flax NNX module is cloned and the new
-    model returned unless ``inplace=True``. ``optimizers`` is ignored (build the optimizer after the surgery). Warns
+    model returned unless ``inplace=True``. A torch optimizer given as ``optimizers`` holds the new layers'
+    parameters afterwards, as in Composer (an NNX model's optimizer is built after the surgery: pass None). Warns
     with :class:`NoEffectWarning` when no attention was converted (Composer logs a warning). As Composer's, this
     does not shorten the training sequences: that is the :func:`Alibi` method's batch reshape.
     """
-    del optimizers  # the optimizer is built from the surgered params (docs/design.md, "Methods and slots")
     max_sequence_length = _check_max_sequence_length(max_sequence_length, "apply_alibi")
     if isinstance(model, nnx.Module):
         new, count = _apply_nnx(model, max_sequence_length, bool(inplace))
@@ -170,7 +171,8 @@ def apply_alibi(model: Any, max_sequence_length: int, optimizers: Any = None, *,
         if foreign is None:
             raise TypeError(f"apply_alibi: expected a flax.nnx.Module or a torch.nn.Module, got "
                             f"{type(model).__name__}.")
-        new, count = foreign(model, max_sequence_length=max_sequence_length)
+        with optimizers_follow(model, optimizers, "apply_alibi"):
+            new, count = foreign(model, max_sequence_length=max_sequence_length)
         what = "no GPT2Attention or TorchCausalSelfAttention"
     if count == 0:
         warnings.warn(NoEffectWarning(f"Alibi did not change {type(model).__name__}: {what} was found (or ALiBi "

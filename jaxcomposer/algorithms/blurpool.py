@@ -51,9 +51,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core import adapters
+from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.models.resnet_imagenet import MaxPool2d
 
 __all__ = ["BlurPool", "BlurConv", "BlurMaxPool2d", "NoEffectWarning", "apply_blurpool", "blur_2d"]
@@ -183,16 +184,18 @@ def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: 
 
 
 def apply_blurpool(model: Any, replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True,
-                   min_channels: int = 16, *, inplace: bool | None = None):
-    """Composer's ``apply_blurpool(model, replace_convs, replace_maxpools, blur_first, min_channels)``.
+                   min_channels: int = 16, optimizers: Any = None, *, inplace: bool | None = None):
+    """Composer's ``apply_blurpool(model, replace_convs, replace_maxpools, blur_first, min_channels, optimizers)``;
+    a torch optimizer given as ``optimizers`` holds the new layers' parameters afterwards, as in Composer.
 
     A torch module is edited in place and returned, as Composer does. A Flax NNX module is cloned and the new
     model returned (``model`` is left as it was), as equinox-style surgery does; ``inplace=True`` edits it in place
     instead (what the ``BlurPool`` method does in the Trainer, so the module the user passed is the trained one).
     Warns with :class:`NoEffectWarning` when no layer was replaced.
     """
-    new, n_pool, n_conv = _apply(model, replace_convs, replace_maxpools, blur_first, int(min_channels),
-                                 nnx_inplace=bool(inplace))
+    with optimizers_follow(model, optimizers, "apply_blurpool"):
+        new, n_pool, n_conv = _apply(model, replace_convs, replace_maxpools, blur_first, int(min_channels),
+                                     nnx_inplace=bool(inplace))
     if n_pool == 0 and n_conv == 0:
         warnings.warn(NoEffectWarning(
             f"BlurPool did not change any layers of {type(model).__name__}: no strided Conv2d with in_channels >= "

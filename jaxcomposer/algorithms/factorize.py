@@ -53,6 +53,7 @@ import jax
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
@@ -174,10 +175,11 @@ def _check_min(value: Any, name: str, where: str) -> int:
 
 def apply_factorization(model: Any, factorize_convs: bool = True, factorize_linears: bool = True,
                         min_channels: int = 512, latent_channels: float = 0.25, min_features: int = 512,
-                        latent_features: float = 0.25, *, key: jax.Array | None = None,
+                        latent_features: float = 0.25, optimizers: Any = None, *, key: jax.Array | None = None,
                         inplace: bool | None = None):
     """Composer's ``apply_factorization(model, factorize_convs, factorize_linears, min_channels, latent_channels,
-    min_features, latent_features)``.
+    min_features, latent_features, optimizers)``; a torch optimizer given as ``optimizers`` holds the new layers'
+    parameters afterwards, as in Composer.
 
     A torch module is edited in place and returned, as Composer. A Flax NNX module is cloned and the new model
     returned unless ``inplace=True``; ``key`` draws the new layers' initial values (default ``PRNGKey(0)``). Warns
@@ -198,9 +200,10 @@ def apply_factorization(model: Any, factorize_convs: bool = True, factorize_line
         if foreign is None:
             raise TypeError(f"apply_factorization: expected a flax.nnx.Module or a torch.nn.Module, "
                             f"got {type(model).__name__}.")
-        new, count = foreign(model, factorize_convs=factorize_convs, factorize_linears=factorize_linears,
-                             min_channels=min_channels, latent_channels=latent_channels, min_features=min_features,
-                             latent_features=latent_features)
+        with optimizers_follow(model, optimizers, where):
+            new, count = foreign(model, factorize_convs=factorize_convs, factorize_linears=factorize_linears,
+                                 min_channels=min_channels, latent_channels=latent_channels,
+                                 min_features=min_features, latent_features=latent_features)
     if count == 0:
         warnings.warn(NoEffectWarning(
             f"Factorize did not change any layers of {type(model).__name__}: no Conv2d with min(in, out) >= "

@@ -54,7 +54,7 @@ from jaxcomposer.algorithms.augmentation_primitives import hwc_from_pil, pil_fro
 from jaxcomposer.core import adapters
 from jaxcomposer.errors import MissingKeyError
 
-__all__ = ["functional_form", "require_key"]
+__all__ = ["functional_form", "require_key", "optimizers_follow"]
 
 _KEY_ARGUMENTS = ("key", "rng")  # the parameters that legitimately take a PRNG key
 
@@ -247,3 +247,24 @@ def functional_form(*, arrays: Sequence[str], models: Sequence[str] = (), callab
         return wrapper
 
     return decorate
+
+
+@contextlib.contextmanager
+def optimizers_follow(model: Any, optimizers: Any, where: str):
+    """Composer's ``optimizers=`` of a surgery form: an optimizer of the model's framework, built on
+    ``model.parameters()``, holds the new layers' parameters after the surgery inside this block (Composer's
+    ``update_params_in_optimizer``: replaced parameters leave it, new ones join group 0). An NNX model's optimizer
+    state is built from its params after surgery, so it takes none."""
+    if optimizers is None:
+        yield
+        return
+    adapter = adapters.model_adapter(model)
+    follower = None if adapter is None else adapter.functional.get("surgery_follower")
+    if follower is None:
+        raise TypeError(f"{where}: optimizers= keeps a torch optimizer on a torch model's parameters; "
+                        f"{type(model).__name__} is not such a model (an optax state is built from the params after "
+                        "surgery): pass optimizers=None")
+    follower = follower(optimizers)
+    follower.before(model)
+    yield
+    follower.after(model)

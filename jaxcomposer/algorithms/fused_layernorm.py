@@ -73,6 +73,7 @@ from jax import lax
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.low_precision_layernorm import layer_norm_as, replace_norms
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
@@ -214,9 +215,9 @@ def _apply(model: Any, inplace: bool, stacklevel: int):
 def apply_fused_layernorm(model: Any, optimizers: Any = None, *, inplace: bool | None = None):
     """Composer's ``apply_fused_layernorm(model, optimizers)``: every LayerNorm becomes a fused one. A torch module
     is edited in place and returned; an NNX module is cloned and the new model returned unless ``inplace=True``.
-    ``optimizers`` is accepted and ignored (ours is built after the surgery)."""
-    del optimizers
-    return _apply(model, bool(inplace), stacklevel=3)
+    A torch optimizer given as ``optimizers`` holds the new layers' parameters afterwards, as in Composer."""
+    with optimizers_follow(model, optimizers, "apply_fused_layernorm"):
+        return _apply(model, bool(inplace), stacklevel=3)
 
 
 def FusedLayerNorm(apply_events: Any = None) -> Method:

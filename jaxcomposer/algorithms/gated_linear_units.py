@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -184,10 +185,10 @@ def apply_gated_linear_units(model: Any, optimizers: Any = None, act_fn: Callabl
 
     A torch module is edited in place and returned (Composer returns None; returning the module lets one call
     serve both frameworks). A Flax NNX module is cloned and the new model returned unless ``inplace=True``.
-    ``optimizers`` is ignored: build the optimizer after the surgery (the Trainer does). Warns with
-    :class:`NoEffectWarning` when no MLP was converted.
+    A torch optimizer given as ``optimizers`` holds the new layers' parameters afterwards, as in Composer (an NNX
+    model's optimizer is built from the surgered params: pass None). Warns with :class:`NoEffectWarning` when no
+    MLP was converted.
     """
-    del optimizers  # the optimizer is built from the surgered params (docs/design.md, "Methods and slots")
     if act_fn is not None and not callable(act_fn):
         raise TypeError(f"apply_gated_linear_units: act_fn must be callable or None, got {type(act_fn).__name__}.")
     if isinstance(model, nnx.Module):
@@ -199,8 +200,9 @@ def apply_gated_linear_units(model: Any, optimizers: Any = None, act_fn: Callabl
         if foreign is None:
             raise TypeError(f"apply_gated_linear_units: expected a flax.nnx.Module or a torch.nn.Module, got "
                             f"{type(model).__name__}.")
-        new, count = foreign(model, act_fn=act_fn, gated_layer_bias=bool(gated_layer_bias),
-                             non_gated_layer_bias=bool(non_gated_layer_bias))
+        with optimizers_follow(model, optimizers, "apply_gated_linear_units"):
+            new, count = foreign(model, act_fn=act_fn, gated_layer_bias=bool(gated_layer_bias),
+                                 non_gated_layer_bias=bool(non_gated_layer_bias))
         what = "no BertIntermediate/BertOutput pair, GPT2MLP or TorchBlock MLP"
     if count == 0:
         warnings.warn(NoEffectWarning(f"GatedLinearUnits did not change {type(model).__name__}: {what} was found "

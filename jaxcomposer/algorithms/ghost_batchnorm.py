@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
@@ -141,15 +142,18 @@ def _apply(model: Any, ghost_batch_size: int, nnx_inplace: bool) -> tuple[Any, i
                     f"got {type(model).__name__}.")
 
 
-def apply_ghost_batchnorm(model: Any, ghost_batch_size: int = 32, *, inplace: bool | None = None):
-    """Composer's ``apply_ghost_batchnorm(model, ghost_batch_size=32)``.
+def apply_ghost_batchnorm(model: Any, ghost_batch_size: int = 32, optimizers: Any = None, *,
+                          inplace: bool | None = None):
+    """Composer's ``apply_ghost_batchnorm(model, ghost_batch_size=32, optimizers=None)``; a torch optimizer given
+    as ``optimizers`` holds the new layers' parameters afterwards, as in Composer.
 
     A torch module is edited in place and returned (Composer returns ``None``); a Flax NNX module is cloned and the
     new model returned unless ``inplace=True``. Warns with :class:`NoEffectWarning` when the result has no ghost
     BatchNorm layer.
     """
     ghost_batch_size = _check_ghost_batch_size(ghost_batch_size, "apply_ghost_batchnorm")
-    new, count = _apply(model, ghost_batch_size, nnx_inplace=bool(inplace))
+    with optimizers_follow(model, optimizers, "apply_ghost_batchnorm"):
+        new, count = _apply(model, ghost_batch_size, nnx_inplace=bool(inplace))
     if count == 0:
         warnings.warn(NoEffectWarning(f"GhostBatchNorm did not change any layers of {type(model).__name__}: no "
                                       f"BatchNorm layer was found."), stacklevel=2)

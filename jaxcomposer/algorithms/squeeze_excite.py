@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
@@ -110,22 +111,25 @@ def _apply_nnx(model: nnx.Module, latent_channels: float, min_channels: int, inp
     return new
 
 
-def apply_squeeze_excite(model: Any, latent_channels: float = 64, min_channels: int = 128, *,
-                         inplace: bool | None = None):
-    """Composer's ``apply_squeeze_excite(model, latent_channels=64, min_channels=128)``.
+def apply_squeeze_excite(model: Any, latent_channels: float = 64, min_channels: int = 128, optimizers: Any = None,
+                         *, inplace: bool | None = None):
+    """Composer's ``apply_squeeze_excite(model, latent_channels=64, min_channels=128, optimizers=None)``; a torch
+    optimizer given as ``optimizers`` holds the new layers' parameters afterwards, as in Composer.
 
     A torch module is edited in place and returned, as Composer does. A Flax NNX module is cloned and the new
     model returned unless ``inplace=True``. Warns with :class:`NoEffectWarning` when the result has no SE block.
     """
     if isinstance(model, nnx.Module):
-        new = _apply_nnx(model, latent_channels, int(min_channels), bool(inplace))
+        with optimizers_follow(model, optimizers, "apply_squeeze_excite"):  # (refuses an optimizer here)
+            new = _apply_nnx(model, latent_channels, int(min_channels), bool(inplace))
         count = sum(isinstance(m, SqueezeExciteConv) for _, m in nnx.iter_graph(new))
     else:
         foreign = adapters.surgery("SqueezeExcite", model)  # torch_bridge.methods.squeeze_excite
         if foreign is None:
             raise TypeError(f"apply_squeeze_excite: expected a flax.nnx.Module or a torch.nn.Module, "
                             f"got {type(model).__name__}.")
-        new, count = foreign(model, latent_channels=latent_channels, min_channels=int(min_channels))
+        with optimizers_follow(model, optimizers, "apply_squeeze_excite"):
+            new, count = foreign(model, latent_channels=latent_channels, min_channels=int(min_channels))
     if count == 0:
         warnings.warn(NoEffectWarning(
             f"SqueezeExcite did not change any layers of {type(model).__name__}: no 2-D convolution with "

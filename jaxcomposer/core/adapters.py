@@ -51,8 +51,10 @@ class Adapter(NamedTuple):
     ``to_optimizer(optimizer, model)``: the framework's optimizer (a ``torch.optim.Optimizer`` built on the model's
     parameters) as an object with ``tx`` and ``lr`` (checked against ``model`` now), ``bind(bridged) -> tx`` (the
     transformation over the converted model's params), ``load(opt_state) -> opt_state`` (the optimizer's own state
-    into the run's), ``set_lr(lr_multiplier)`` (its groups' current LR, after each batch) and
-    ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer); None for an
+    into the run's), ``set_lr(lr_multiplier)`` (its groups' current LR, after each batch),
+    ``save(opt_state, lr_multiplier)`` (the run's state back into the optimizer) and ``surgery`` (``before(model)``
+    and ``after(model)`` around the methods' model surgery, which moves the optimizer to the new layers'
+    parameters); None for an
     object that is not such an optimizer. ``to_scheduler(scheduler, user_optimizer, where)``: the framework's LR
     scheduler (built on that optimizer) as an object with ``multiplier()`` (its LR over the base LR, now) and
     ``step()``; None for an object that is not one.

@@ -213,8 +213,13 @@ class Trainer(ReadsPlan):
         self._host_lr = 1.0
         self.task = model  # (the plan may count tokens with it; surgery below replaces it)
         self._replan(max_duration)
-        # surgery first: on a torch module it runs before export
+        # surgery first: on a torch module it runs before export (and a torch optimizer follows it to the new layers)
+        surgery = getattr(self._foreign_optimizer, "surgery", None)
+        if surgery is not None:
+            surgery.before(model.user_model)
         self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
+        if surgery is not None:
+            surgery.after(self.task.user_model)
         # checked now, before anything compiles; a task whose metrics live on the host (a torch ComposerModel's
         # torchmetrics) has none here
         self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(

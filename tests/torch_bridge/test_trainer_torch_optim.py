@@ -169,3 +169,49 @@ def test_torch_schedulers_are_refused_where_they_cannot_mean_what_they_say():
     with pytest.raises(ConfigurationError, match="scales the param groups differently"):
         _fit(net, optimizer, "2ba", schedulers=torch.optim.lr_scheduler.LambdaLR(
             optimizer, [lambda e: 1.0, lambda e: 0.5]))
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(16, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 3))
+
+
+def test_surgery_keeps_a_torch_optimizer_on_the_new_layers():
+    """Composer's surgery takes the optimizers (state.optimizers in the Trainer, optimizers= in the functional form):
+    BlurPool's new BlurConv2d holds new parameters, which the optimizer then holds in place of the old ones."""
+    from jaxcomposer import functional as cf
+    from jaxcomposer.algorithms import BlurPool
+
+    net = _cnn()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    old = net[2].weight
+    cf.apply_blurpool(net, optimizers=optimizer)
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    assert {id(p) for p in held} == {id(p) for p in net.parameters()} and all(p is not old for p in held)
+
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(32, 3, 8, 8, generator=g), torch.randint(0, 3, (32,), generator=g))
+    net, ref = _cnn(), _cnn()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)  # built before the Trainer's surgery
+    trainer = Trainer(model=net, optimizers=optimizer, algorithms=[BlurPool()], max_duration="2ba",
+                      train_dataloader=DataLoader(data, batch_size=16), progress_bar=False)
+    trainer.fit()
+    cf.apply_blurpool(ref)  # the same surgery, then torch's own steps
+    ref_optimizer = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    _torch_loop(ref, ref_optimizer, DataLoader(data, batch_size=16))
+    _assert_same(net, ref)
+    assert len(optimizer.state) == len(list(net.parameters()))  # momentum for every (new) parameter
+
+    two_groups = _cnn()
+    optimizer = torch.optim.SGD([{"params": two_groups[0].parameters()}, {"params": two_groups[2].parameters()}],
+                                lr=0.1)
+    with pytest.raises(ConfigurationError, match="param groups; the new parameters could join any"):
+        cf.apply_blurpool(two_groups, optimizers=optimizer)
+    with pytest.raises(TypeError, match="optimizers= keeps a torch optimizer"):
+        from flax import nnx
+
+        from jaxcomposer.models import ConvNet
+        cf.apply_blurpool(ConvNet((8, 16), (2, 2), in_channels=3, image_size=8, rngs=nnx.Rngs(0)),
+                          optimizers=optimizer)
