@@ -17,7 +17,7 @@ from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
-from . import callbacks, classifier, functional, kernels, methods
+from . import callbacks, classifier, functional, kernels, methods, models
 from .data import from_dataloader
 from .module import from_torch
 from .optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
@@ -80,7 +80,9 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                            "ComposerClassifier": classifier.ComposerClassifier,
                            # Composer's torch layers, importable from the method's jaxcomposer module
                            "BlurConv2d": BlurConv2d, "blurmax_pool2d": blurmax_pool2d,
-                           "SqueezeExciteConv2d": methods.squeeze_excite.SqueezeExciteConv2d},
+                           "SqueezeExciteConv2d": methods.squeeze_excite.SqueezeExciteConv2d,
+                           # Composer's model zoo for torch users (jaxcomposer.models.<name>)
+                           "mnist_model": models.mnist_model, "composer_resnet_cifar": models.composer_resnet_cifar},
                   seed=_seed, draw_seed=_draw_seed,
                   to_optimizer=lambda opt, model: TrainerOptimizer(opt, model)
                   if isinstance(opt, torch.optim.Optimizer) else None,

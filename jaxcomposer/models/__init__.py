@@ -43,9 +43,9 @@ __all__ = ["BUILDERS", "MODEL_KINDS", "ConvNet", "GPT", "GPT2_SIZES", "gpt2", "M
            "ComposerCausalLM", "num_params", "ViT", "VIT_SIZES", "vit", "BERT", "BERT_SIZES", "bert",
            "ComposerMaskedLM"]
 
-# Composer's torch-side model classes, for Composer scripts: ``from jaxcomposer.models import ComposerModel`` is
+# Composer's torch-side model classes and model zoo, for Composer scripts: ``from jaxcomposer.models import ComposerModel`` is
 # torch_bridge's (a torch nn.Module), loaded through the torch adapter only when asked for
-_TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel")
+_TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel", "mnist_model", "composer_resnet_cifar")
 
 
 def __getattr__(name: str):

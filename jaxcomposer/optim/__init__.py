@@ -18,6 +18,7 @@ from jaxcomposer.optim.schedulers import (
     call_function_scheduler,
     compose_schedules,
 )
+from jaxcomposer.optim import scheduler  # noqa: E402,F401  (Composer's module name: composer.optim.scheduler)
 
 __all__ = [
     "AdamWState",
