@@ -79,7 +79,7 @@ class Trainer(ReadsPlan):
     def __init__(self, *, model: Task, train_dataloader: Iterable | None = None,
                  eval_dataloader: Iterable | None = None, max_duration: int | str | Time | None = None,
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
-                 step_schedulers_every_batch: bool | None = None,
+                 step_schedulers_every_batch: bool | None = None, compute_training_metrics: bool = False,
                  scale_schedule_ratio: float = 1.0, algorithms: Sequence | None = None,
                  callbacks: Callback | Sequence[Callback] | None = None,
                  loggers: LoggerDestination | Sequence[LoggerDestination] | None = None,
@@ -104,6 +104,12 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(f"profiler: got {type(profiler).__name__}, expected a jaxcomposer.profiler."
                                      "Profiler(schedule=cyclic_schedule(...), trace_handlers=[JSONTraceHandler(...)])")
         self.profiler = profiler
+        if a.compute_training_metrics:
+            raise ConfigurationError(
+                "compute_training_metrics: True is not supported yet (the forward's outputs stay inside the compiled "
+                "train step, and Composer's train metrics would need them every batch); evaluate on training data "
+                "instead: eval_dataloader=[Evaluator(label='train', dataloader=..., subset_num_batches=...), ...] "
+                "logs metrics/train/<name>")
         if adapters.is_foreign_model(model):
             # a torch ComposerModel (forward(batch) + its own loss) is its own task; a bare torch module is a
             # classifier, as Composer's ComposerClassifier(module)

@@ -286,3 +286,15 @@ def test_predict_shows_each_batchs_outputs_and_counts_its_batches():
     with pytest.raises(AttributeError, match="PREDICT_BATCH_END"):
         trainer.state.outputs
     assert trainer.state.algorithms == [] and trainer.state.device_train_microbatch_size is None
+
+
+def test_compute_training_metrics_is_refused_with_the_way_around_it():
+    from jaxcomposer import ComposerClassifier, Evaluator
+
+    model = ComposerClassifier(_net(), num_classes=NUM_CLASSES)
+    with pytest.raises(ConfigurationError, match=r"compute_training_metrics: .*Evaluator\(label='train'"):
+        _trainer(model, compute_training_metrics=True)
+    trainer = _trainer(model, max_duration="1ba",
+                       eval_dataloader=Evaluator(label="train", dataloader=DataLoader(_data(), batch_size=16)))
+    trainer.fit()
+    assert sorted(trainer.state.eval_metrics["train"]) == ["CrossEntropy", "MulticlassAccuracy"]
