@@ -81,3 +81,17 @@ def fake_fit(callbacks: Sequence, state: RunState, losses: Sequence, *, eval_eve
 
 def accuracy_eval(values: Sequence[float], name: str = "accuracy") -> Callable[[int], dict]:
     return lambda i: {name: float(values[i]), "cross_entropy": 1.0 - float(values[i])}
+
+
+class NotYet:
+    """A device value stand-in whose computation has not finished."""
+
+    def __init__(self, value):
+        self.value, self.ready = value, False
+
+    def is_ready(self):
+        return self.ready
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+        return np.asarray(self.value, dtype=dtype)

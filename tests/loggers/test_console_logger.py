@@ -6,21 +6,7 @@ import pytest
 from jaxcomposer.core.events import Event, RunPlan, RunState
 from jaxcomposer.core.time import Time, Timestamp
 from jaxcomposer.loggers import ConsoleLogger, Logger
-from tests.loggers.helpers import FakeClock, accuracy_eval, fake_fit, make_state
-
-
-class NotYet:
-    """A device value stand-in whose computation has not finished."""
-
-    def __init__(self, value):
-        self.value, self.ready = value, False
-
-    def is_ready(self):
-        return self.ready
-
-    def __array__(self, dtype=None, copy=None):
-        import numpy as np
-        return np.asarray(self.value, dtype=dtype)
+from tests.loggers.helpers import FakeClock, NotYet, accuracy_eval, fake_fit, make_state
 
 
 def _eval_and_summary(lines):

@@ -5,21 +5,7 @@ import pytest
 
 from jaxcomposer.core.events import Event
 from jaxcomposer.loggers import FileLogger, Logger
-from tests.loggers.helpers import accuracy_eval, fake_fit, make_state
-
-
-class NotYet:
-    """A device value stand-in whose computation has not finished."""
-
-    def __init__(self, value):
-        self.value, self.ready = value, False
-
-    def is_ready(self):
-        return self.ready
-
-    def __array__(self, dtype=None, copy=None):
-        import numpy as np
-        return np.asarray(self.value, dtype=dtype)
+from tests.loggers.helpers import NotYet, accuracy_eval, fake_fit, make_state
 
 
 def _lines(path):
