@@ -57,7 +57,8 @@ CALLBACKS: dict[str, Callable] = {
     "speed_monitor": callbacks_lib.SpeedMonitor, "lr_monitor": callbacks_lib.LRMonitor,
     "nan_monitor": callbacks_lib.NaNMonitor, "early_stopper": callbacks_lib.EarlyStopper,
     "threshold_stopper": callbacks_lib.ThresholdStopper, "memory_monitor": callbacks_lib.MemoryMonitor,
-    "runtime_estimator": callbacks_lib.RuntimeEstimator, "optimizer_monitor": callbacks_lib.OptimizerMonitor, "system_metrics_monitor": callbacks_lib.SystemMetricsMonitor,
+    "runtime_estimator": callbacks_lib.RuntimeEstimator, "optimizer_monitor": callbacks_lib.OptimizerMonitor,
+    "system_metrics_monitor": callbacks_lib.SystemMetricsMonitor, "checkpoint_saver": callbacks_lib.CheckpointSaver,
 }
 # the destinations a config may add (the run directory's JSONL, TensorBoard and plot are always there)
 LOGGERS: dict[str, Callable] = {"mlflow": loggers_lib.MLFlowLogger, "wandb": loggers_lib.WandBLogger,

@@ -1,5 +1,6 @@
 """Host callbacks (Composer's ``composer.callbacks``): monitors, stoppers, export, visualization, generation and
 checkpoint loading."""
+from jaxcomposer.callbacks.checkpoint_saver import CheckpointSaver
 from jaxcomposer.callbacks.export_for_inference import ExportForInferenceCallback
 from jaxcomposer.callbacks.free_outputs import FreeOutputs
 from jaxcomposer.callbacks.generate import Generate
@@ -13,5 +14,6 @@ from jaxcomposer.callbacks.stoppers import EarlyStopper, ThresholdStopper
 from jaxcomposer.callbacks.system_metrics_monitor import SystemMetricsMonitor
 
 __all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError", "EarlyStopper", "ThresholdStopper",
-           "MemoryMonitor", "OptimizerMonitor", "RuntimeEstimator", "SystemMetricsMonitor", "ExportForInferenceCallback", "FreeOutputs",
-           "Generate", "ImageVisualizer", "LoadCheckpoint"]
+           "MemoryMonitor", "OptimizerMonitor", "RuntimeEstimator", "SystemMetricsMonitor",
+           "ExportForInferenceCallback", "FreeOutputs", "Generate", "ImageVisualizer", "LoadCheckpoint",
+           "CheckpointSaver"]

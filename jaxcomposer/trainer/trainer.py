@@ -261,6 +261,13 @@ class Trainer(ReadsPlan):
         self.callbacks: list = callbacks + loggers
         if profiler is not None:  # first: at BATCH_START it decides whether the batch is traced
             self.callbacks.insert(0, profiler)
+        needs_each_batch = [type(cb).__name__ for cb in self.callbacks if getattr(cb, "needs_each_batch_state", False)]
+        if needs_each_batch and self.steps_per_execution > 1:
+            raise ConfigurationError(
+                f"steps_per_execution: {self.steps_per_execution} trains several batches per call, and callbacks see "
+                f"the state after the call's last batch, but {needs_each_batch} read the train state at every "
+                "batch's end; use steps_per_execution=1, or the Trainer's own save_folder/save_interval (which cut "
+                "the calls where a save is due)")
         # per-parameter norms are computed in the step only for a callback that reads them (OptimizerMonitor)
         self._layer_norms = any(getattr(cb, "reads_layer_norms", False) for cb in self.callbacks)
 

@@ -79,3 +79,25 @@ def test_weights_come_back_as_a_torch_state_dict_and_composers_pt(tmp_path):
     assert int(_trainer(tmp_path, duration="3ba", load_path=str(saved)).state.timestamp.batch) == 2
     with pytest.raises(KeyError, match="not in Linear.state_dict"):
         weights_from_checkpoint(saved, torch.nn.Linear(3, 3))
+
+
+def test_composers_checkpoint_saver_callback(tmp_path):
+    from jaxcomposer.callbacks import CheckpointSaver
+
+    saver = CheckpointSaver(folder=str(tmp_path / "{run_name}"), save_interval="3ba", num_checkpoints_to_keep=2)
+    trainer = _trainer(tmp_path, callbacks=[saver], run_name="cs")
+    trainer.fit()
+    trainer.close()
+    assert saver.saved == [3, 6, 8]  # every 3 batches, and the end of training
+    assert sorted(os.listdir(tmp_path / "cs")) == ["6", "8", "ep1-ba6-rank0.pt", "ep2-ba8-rank0.pt",
+                                                   "latest-rank0.pt"]
+    resumed = _trainer(tmp_path, load_path=str(tmp_path / "cs" / "ep1-ba6-rank0.pt"))
+    resumed.fit()
+    for a, b in zip(resumed.state.model.parameters(), trainer.state.model.parameters()):
+        assert torch.equal(a, b)  # batches 7-8 again from the saved state: the same weights
+    with pytest.raises(ConfigurationError, match=r"\['CheckpointSaver'\] read the train state at every batch"):
+        _trainer(tmp_path, callbacks=[CheckpointSaver(folder=str(tmp_path / "x"))], steps_per_execution=2)
+    with pytest.raises(ValueError, match="remote_file_name='s3://b/x' is not supported"):
+        CheckpointSaver(remote_file_name="s3://b/x")
+    with pytest.raises(ConfigurationError, match="already holds checkpoints"):
+        _trainer(tmp_path, callbacks=[CheckpointSaver(folder=str(tmp_path / "cs"))])
