@@ -7,18 +7,23 @@ Composer itself is not installed here: the ``composer/`` copies are the referenc
 
 - ``test_ported_differs_only_in_imports``: every pair differs only in import statements, and those differ only
   by ``composer`` -> ``jaxcomposer`` (``import composer`` may become ``import jaxcomposer as composer``).
-- ``test_ported_script_runs``: each ported script exits 0 in a fresh directory, in a subprocess.
+- ``test_ported_script_runs``: each ported script runs to its end in a fresh directory (all of them in one
+  subprocess, ``runner.py``, so JAX and torch are imported once).
 
 ``pending/`` holds scripts written the same way that need what jaxcomposer does not have yet (its README says what);
 they are not run.
 """
 import ast
+import json
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+# the scripts run once per worker that holds this file's tests: keep them on one
+pytestmark = pytest.mark.xdist_group("composer_scripts")
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -117,20 +122,36 @@ def test_ported_differs_only_in_imports(name):
     assert original_items == ported_items, first_difference
 
 
-@pytest.mark.slow  # a subprocess each: scheduled first, so no worker ends the run alone on one
-@pytest.mark.parametrize("name", SCRIPT_NAMES)
-def test_ported_script_runs(name, tmp_path):
+@pytest.fixture(scope="module")
+def script_results(tmp_path_factory) -> dict:
+    """Every ported script run once, in one subprocess (``runner.py``; each in its own working directory)."""
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    workdir = tmp_path_factory.mktemp("composer_scripts")
     try:
-        proc = subprocess.run([sys.executable, str(PORTED_DIR / name)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+        proc = subprocess.run([sys.executable, str(HERE / "runner.py"), str(workdir),
+                               *(str(PORTED_DIR / name) for name in SCRIPT_NAMES)],
+                              cwd=workdir, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(f"ported/{name} did not finish in {SCRIPT_TIMEOUT_S} s\n--- stderr (tail) ---\n{stderr[-6000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"ported/{name} exited with {proc.returncode}\n"
-                    f"--- stdout (tail) ---\n{proc.stdout[-2000:]}\n"
-                    f"--- stderr (tail) ---\n{proc.stderr[-8000:]}")
+        pytest.fail(f"the ported scripts did not finish in {SCRIPT_TIMEOUT_S} s\n--- stderr (tail) ---\n"
+                    f"{stderr[-6000:]}")
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("COMPOSER_SCRIPT "):
+            result = json.loads(line[len("COMPOSER_SCRIPT "):])
+            results[result["name"]] = result
+    results["_stderr"] = proc.stderr[-8000:]
+    return results
+
+
+@pytest.mark.slow  # one subprocess running every script: scheduled first, so no worker ends the run alone on it
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_ported_script_runs(name, script_results):
+    result = script_results.get(name)
+    if result is None:
+        pytest.fail(f"ported/{name} did not report (the runner stopped before it)\n--- stderr (tail) ---\n"
+                    f"{script_results['_stderr']}")
+    assert result["ok"], f"ported/{name} failed:\n{result['error']}"
