@@ -114,8 +114,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "how long to train: '10ep', '500ba', '60000sp', '1e6tok', or an int of epochs (required to fit, unless "
            "fit(duration=...) is given)"),
     Option("compute_training_metrics", bool, False,
-           "Composer's switch for train metrics (metrics/train/<name>); True is refused for now: the forward's "
-           "outputs stay inside the compiled step. Evaluate on training data with Evaluator(label='train', ...)"),
+           "compute the model's train metrics (get_metrics(is_train=True)) every batch and log metrics/train/<name> "
+           "over the epoch so far, as Composer; costs one more forward (without gradient) per batch"),
     Option("step_schedulers_every_batch", bool | None, None,
            "step torch LR schedulers after every batch (default None: at each epoch's end, as Composer steps "
            "PyTorch schedulers); jaxcomposer.optim's schedulers are functions of the step either way"),

@@ -100,6 +100,8 @@ class RunState(ReadsPlan):
     # the Trainer's: write the current weights into ``model`` (the user's module) and return it; costs a copy of the
     # weights from the device, so callbacks call it only when they hand the model to other code
     sync_model: Any = None
+    train_metric_objects: Any = None  # the task's train metrics (compute_training_metrics), by name
+    train_metric_sums: Any = None  # their sums over the epoch so far (device arrays)
     profiler: Any = None  # the Trainer's Profiler (Composer's state.profiler), or None
 
     @property
@@ -126,9 +128,13 @@ class RunState(ReadsPlan):
 
     @property
     def train_metrics(self) -> dict:
-        raise AttributeError("state.train_metrics: train metrics (get_metrics(is_train=True)) are not computed "
-                             "during training yet; evaluate on the train set with an Evaluator(label='train', ...) "
-                             "to get them under state.eval_metrics['train']")
+        """The epoch's train metrics so far by name, each with ``.compute()`` (Composer's ``state.train_metrics``;
+        reading them waits for the last step). Computed with ``Trainer(compute_training_metrics=True)`` only."""
+        if self.train_metric_sums is None or self.train_metric_objects is None:
+            raise AttributeError("state.train_metrics: none computed; pass compute_training_metrics=True to the "
+                                 "Trainer, as in Composer (they are computed after the epoch's first batch)")
+        return {name: MetricValue(float(m.compute(self.train_metric_sums[name])))
+                for name, m in self.train_metric_objects.items()}
 
     @property
     def max_duration_in_batches(self) -> int:

@@ -39,7 +39,8 @@ class ComposerClassifier(Task):
     ``loss_fn(logits, target) -> (B,)`` defaults to soft cross-entropy, so MixUp/CutMix/label smoothing can hand
     dense targets to the same task. ``val_metrics`` (a metric, a list or a name -> metric dict) default to
     Composer's: ``CrossEntropy`` and micro ``MulticlassAccuracy``; they always see the plain targets, whatever the
-    training loss is.
+    training loss is. ``train_metrics`` (Composer's default: ``MulticlassAccuracy``) are what
+    ``Trainer(compute_training_metrics=True)`` logs as ``metrics/train/<name>``.
     """
 
     input_key = "input"
@@ -64,19 +65,23 @@ class ComposerClassifier(Task):
 
     def __init__(self, module: Any, num_classes: int | None = None,
                  loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = soft_cross_entropy, *,
-                 val_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
+                 val_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None,
+                 train_metrics: Metric | list[Metric] | Mapping[str, Metric] | None = None):
         super().__init__(module)
         self.num_classes = num_classes if num_classes is not None else _infer_num_classes(module)
         self.loss_fn = loss_fn
         if val_metrics is None:
             val_metrics = [CrossEntropy(), MulticlassAccuracy(self.num_classes)]
         self.val_metrics = check_metrics(val_metrics, "ComposerClassifier(val_metrics=...)")
+        self.train_metrics = check_metrics(MulticlassAccuracy(self.num_classes) if train_metrics is None
+                                           else train_metrics, "ComposerClassifier(train_metrics=...)")
 
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
         return self.loss_fn(outputs, batch[self.target_key])
 
     def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
-        return dict(self.val_metrics)
+        """Composer's: ``train_metrics`` (default ``MulticlassAccuracy``) with ``is_train``, else ``val_metrics``."""
+        return dict(self.train_metrics if is_train else self.val_metrics)
 
 
 class _TokenPredictionTask(Task):

@@ -128,7 +128,8 @@ def make_base_tx(base: optax.GradientTransformation, alpha: Callable, composed: 
 def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, *, precision: str = "fp32",
                     num_microbatches: int = 1, mesh=None, grad_shardings: Any = None,
                     model_view: ModelView = ModelView(), batch_transform: Callable | None = None,
-                    microbatch_transform: Callable | None = None, layer_norms: bool = False) -> Callable:
+                    microbatch_transform: Callable | None = None, layer_norms: bool = False,
+                    train_metrics: Mapping[str, Metric] | None = None) -> Callable:
     """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
 
@@ -139,7 +140,10 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
     ``batch_transform`` and ``microbatch_transform`` are a ``DataSpec``'s: the first runs on the batch before the
     methods' batch slots, the second on each microbatch before the forward. ``layer_norms`` adds each parameter's
     gradient, weight and update L2 norms to the metrics (``metrics['layer_norms'][kind][name]``, named by
-    ``task.user_param_name``), for Composer's ``OptimizerMonitor``; off, the step computes none of them."""
+    ``task.user_param_name``), for Composer's ``OptimizerMonitor``; off, the step computes none of them.
+    ``train_metrics`` (Composer's ``compute_training_metrics``): each metric's sums over this batch
+    (``metrics['train_metrics']``), from a forward without gradient in train mode, with the step's key and the
+    weights before the update, on the batch as the methods left it."""
     data_sharding = parallel.batch_sharding(mesh, leading=1) if mesh is not None else None
 
     def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
@@ -153,8 +157,9 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
         if batch_transform is not None:
             batch = batch_transform(dict(batch))
         batch = composed.apply_batch(dict(batch), ctx)
+        forward_key = jax.random.fold_in(ctx.key, _FORWARD_KEY)
         (loss, model_state), grads = composed.wrap_grad(grad_fn, ctx)(
-            state.params, state.model_state, batch, jax.random.fold_in(ctx.key, _FORWARD_KEY))
+            state.params, state.model_state, batch, forward_key)
         if grad_shardings is not None:
             grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
         updates, opt_state = build_tx(ctx, host_lr).update(grads, state.opt_state, state.params)
@@ -170,12 +175,28 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
                            (state.params, state.model_state, state.opt_state, state.extras))
         new_state = TrainState(state.step + 1, *kept, state.key)
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+        if train_metrics:
+            metrics["train_metrics"] = _train_metric_sums(task, train_metrics, precision, microbatch_transform,
+                                                          state, batch, forward_key)
         if layer_norms:
             metrics["layer_norms"] = {kind: _named_norms(task, tree)
                                       for kind, tree in (("grad", grads), ("param", params), ("update", updates))}
         return new_state, metrics
 
     return train_step
+
+
+def _train_metric_sums(task, metrics: Mapping[str, Metric], precision: str, microbatch_transform, state, batch,
+                       key) -> dict:
+    """Each train metric's sums over the batch: the model's outputs come from one more forward (train mode, the
+    step's forward key, no gradient), since the differentiated forward keeps its outputs inside the gradient."""
+    if microbatch_transform is not None:
+        batch = microbatch_transform(batch)
+    params, model_state = jax.lax.stop_gradient((state.params, state.model_state))
+    outputs, _ = make_forward(task, precision)(params, model_state, batch, train=True, key=key)
+    preds, target = task.metric_inputs(outputs, batch)
+    n = jax.tree_util.tree_leaves(target)[0].shape[0]
+    return batch_states(metrics, preds, target, jnp.ones((n,), jnp.float32))
 
 
 def _named_norms(task, tree) -> dict[str, jax.Array]:

@@ -35,7 +35,7 @@ from jaxcomposer.data import data_spec
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
-from jaxcomposer.metrics.base import check_metrics, compute_all, sum_states
+from jaxcomposer.metrics.base import check_metrics, compute_all, merge, sum_states
 from jaxcomposer.loggers.logger import is_ready
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
@@ -104,12 +104,6 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(f"profiler: got {type(profiler).__name__}, expected a jaxcomposer.profiler."
                                      "Profiler(schedule=cyclic_schedule(...), trace_handlers=[JSONTraceHandler(...)])")
         self.profiler = profiler
-        if a.compute_training_metrics:
-            raise ConfigurationError(
-                "compute_training_metrics: True is not supported yet (the forward's outputs stay inside the compiled "
-                "train step, and Composer's train metrics would need them every batch); evaluate on training data "
-                "instead: eval_dataloader=[Evaluator(label='train', dataloader=..., subset_num_batches=...), ...] "
-                "logs metrics/train/<name>")
         if adapters.is_foreign_model(model):
             # a torch ComposerModel (forward(batch) + its own loss) is its own task; a bare torch module is a
             # classifier, as Composer's ComposerClassifier(module)
@@ -230,6 +224,17 @@ class Trainer(ReadsPlan):
         # torchmetrics) has none here
         self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
             self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
+        # Composer's compute_training_metrics: the task's train metrics, summed in the step, computed per epoch
+        self._train_metrics = {}
+        if a.compute_training_metrics:
+            if hasattr(self.task, "host_metrics"):
+                raise ConfigurationError(
+                    f"compute_training_metrics: {type(self.task.user_model).__name__}'s metrics are torchmetrics "
+                    "objects, updated on the host, and the train step's outputs stay on the device; evaluate on "
+                    "training data instead (eval_dataloader=[Evaluator(label='train', dataloader=...), ...]), or use "
+                    "jaxcomposer.metrics in get_metrics")
+            self._train_metrics = check_metrics(self.task.get_metrics(is_train=True),
+                                                f"{type(self.task).__name__}.get_metrics(is_train=True)")
         metric_names = list(self.task.host_metrics().metrics) if hasattr(self.task, "host_metrics") \
             else list(self._eval_metrics)
         for ev in self._eval_sets:
@@ -294,7 +299,8 @@ class Trainer(ReadsPlan):
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
                               algorithms=list(self.composed.methods),
                               device_train_microbatch_size=a.device_train_microbatch_size,
-                              sync_model=self._synced_model, profiler=profiler)
+                              sync_model=self._synced_model, profiler=profiler,
+                              train_metric_objects=self._train_metrics or None)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
         self._fire(Event.INIT)
@@ -375,6 +381,7 @@ class Trainer(ReadsPlan):
         last_eval_batch = -1
         while not self._done() and not st.stop_requested:
             self._seek_train_data()
+            st.train_metric_sums = None  # as Composer resets its train metrics each epoch
             self._fire(Event.EPOCH_START)
             seen, stop_signal = 0, None
             for chunk in self._chunks(self._device_batches(self.train_dataloader, self.train_subset_num_batches,
@@ -414,6 +421,8 @@ class Trainer(ReadsPlan):
                     self._check_finite(wait=False)
                     self.logger.set_step(st.timestamp.batch)
                     self.logger.log_metrics({"loss/train/total": metrics["loss"]})
+                    if self._train_metrics:
+                        self._log_train_metrics(metrics["train_metrics"])
                     self._fire(Event.BATCH_END)
                     # (a chunk ends where an evaluation or a checkpoint is due: _chunk_length)
                     if self._run_eval(TimeUnit.BATCH):
@@ -692,6 +701,15 @@ class Trainer(ReadsPlan):
             cb.close(self.state, self.logger)
 
     # ---- helpers ----
+    def _log_train_metrics(self, batch_sums: dict) -> None:
+        """The epoch's train metrics so far, as Composer logs them after every batch: the sums add up on the device,
+        and the values go to the loggers as device scalars (read when a destination writes them)."""
+        st = self.state
+        st.train_metric_sums = batch_sums if st.train_metric_sums is None else \
+            {name: merge(st.train_metric_sums[name], sums) for name, sums in batch_sums.items()}
+        self.logger.log_metrics({f"metrics/train/{name}": m.compute(st.train_metric_sums[name])
+                                 for name, m in self._train_metrics.items()})
+
     def _marker(self, name: str, **kwargs):
         """The profiler's marker ``name`` (a no-op context without a profiler): a range in the traces."""
         return self.profiler.marker(name, **kwargs) if self.profiler is not None else contextlib.nullcontext()
@@ -822,7 +840,8 @@ class Trainer(ReadsPlan):
         return steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info, precision=self.precision,
                                      num_microbatches=n, mesh=self.mesh, grad_shardings=self.grad_shardings,
                                      model_view=self.model_view, batch_transform=batch_transform,
-                                     microbatch_transform=microbatch_transform, layer_norms=self._layer_norms)
+                                     microbatch_transform=microbatch_transform, layer_norms=self._layer_norms,
+                                     train_metrics=self._train_metrics)
 
     def _step_with(self, n: int):
         if n not in self._train_steps:

@@ -288,13 +288,40 @@ def test_predict_shows_each_batchs_outputs_and_counts_its_batches():
     assert trainer.state.algorithms == [] and trainer.state.device_train_microbatch_size is None
 
 
-def test_compute_training_metrics_is_refused_with_the_way_around_it():
-    from jaxcomposer import ComposerClassifier, Evaluator
+def test_compute_training_metrics_logs_the_epochs_train_accuracy_as_composer():
+    """metrics/train/MulticlassAccuracy after each batch is the epoch's accuracy so far, each batch scored by the
+    weights it was trained with (before its update), as Composer computes it from the train forward."""
+    from jaxcomposer import ComposerClassifier
+    from jaxcomposer.loggers import InMemoryLogger
 
-    model = ComposerClassifier(_net(), num_classes=NUM_CLASSES)
-    with pytest.raises(ConfigurationError, match=r"compute_training_metrics: .*Evaluator\(label='train'"):
-        _trainer(model, compute_training_metrics=True)
-    trainer = _trainer(model, max_duration="1ba",
-                       eval_dataloader=Evaluator(label="train", dataloader=DataLoader(_data(), batch_size=16)))
+    net = _net()
+    model = ComposerClassifier(net, num_classes=NUM_CLASSES)
+    weights_before = []
+
+    class BeforeEachBatch(Callback):
+        def batch_start(self, state, logger):
+            state.sync_model()
+            weights_before.append(copy.deepcopy(net.state_dict()))
+
+    logger = InMemoryLogger()
+    trainer = _trainer(model, train_dataloader=DataLoader(_data(), batch_size=16), max_duration="2ep",
+                       compute_training_metrics=True, loggers=[logger], callbacks=[BeforeEachBatch()])
     trainer.fit()
-    assert sorted(trainer.state.eval_metrics["train"]) == ["CrossEntropy", "MulticlassAccuracy"]
+    logged = [v for _, v in logger.data["metrics/train/MulticlassAccuracy"]]
+    probe = _net()
+    expected, correct, seen = [], 0, 0
+    for i, (x, y) in enumerate(list(DataLoader(_data(), batch_size=16)) * 2):
+        if i % 4 == 0:
+            correct, seen = 0, 0  # a new epoch
+        probe.load_state_dict(weights_before[i])
+        with torch.no_grad():
+            correct += int((probe(x).argmax(1) == y).sum())
+        seen += len(y)
+        expected.append(correct / seen)
+    assert logged == pytest.approx(expected, abs=1e-6)
+    assert trainer.state.train_metrics["MulticlassAccuracy"].compute() == pytest.approx(expected[-1], abs=1e-6)
+    plain = _trainer(ComposerClassifier(_net(), num_classes=NUM_CLASSES), max_duration="1ba")
+    plain.fit()
+    assert "train_metrics" not in plain.state.batch_metrics  # off by default: no extra forward
+    with pytest.raises(AttributeError, match="compute_training_metrics=True"):
+        plain.state.train_metrics
