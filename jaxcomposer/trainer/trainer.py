@@ -122,19 +122,9 @@ class Trainer(ReadsPlan):
         eval_dataloader, self._eval_spec = (self._eval_sets[0].loader, self._eval_sets[0].spec) if self._eval_sets \
             else (None, None)
         self.precision = a.precision or "fp32"
-        schedulers = [] if schedulers is None else list(schedulers) if isinstance(schedulers, (list, tuple)) \
-            else [schedulers]
-        user_schedulers, foreign = list(schedulers), []  # torch LR schedulers: checked once the optimizer is
-        schedulers = []
-        for i, sched in enumerate(user_schedulers):
-            adapter = adapters.adapter_for(sched)
-            if adapter is not None and adapter.to_scheduler is not None:
-                foreign.append((i, sched, adapter))
-                continue
-            schedulers.append(sched)
-            if not callable(sched) and not hasattr(sched, "schedule"):
-                raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
-                                         "jaxcomposer.optim or a Composer-style function (state, ssr=1.0) -> float")
+        user_schedulers = [] if schedulers is None else list(schedulers) \
+            if isinstance(schedulers, (list, tuple)) else [schedulers]
+        schedulers, foreign = _split_schedulers(user_schedulers)  # (torch ones: checked once the optimizer is)
         if a.scale_schedule_ratio != 1.0 and not schedulers:
             raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
                                      "(as in Composer), so pass schedulers=... too.")
@@ -176,32 +166,21 @@ class Trainer(ReadsPlan):
                 raise ConfigurationError(f"optimizers: exactly one optimizer is supported (as in Composer), got "
                                          f"{len(optimizers)}; combine parameter groups with optax.multi_transform")
             optimizers = optimizers[0]
-        self.optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
-        self.user_optimizer = self.optimizer  # what state.optimizers shows: the object the user passed
+        self.user_optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         # a torch optimizer (built on model.parameters()) is translated to torch's own update rule; it is checked
         # now, bound to the converted model's params after export, and holds the run's state after fit
-        adapter = adapters.adapter_for(self.optimizer)
-        self._foreign_optimizer = adapter.to_optimizer(self.optimizer, model.user_model) \
-            if adapter is not None and adapter.to_optimizer is not None else None
-        if self._foreign_optimizer is not None:
-            self.optimizer = self._foreign_optimizer.tx
-        elif not hasattr(self.optimizer, "init") or not hasattr(self.optimizer, "update"):
-            raise ConfigurationError(
-                f"optimizers: got {type(self.optimizer).__module__}.{type(self.optimizer).__name__}, expected an "
-                "optax GradientTransformation (jaxcomposer.optim.DecoupledSGDW, optax.adamw, ...) or a torch "
-                "optimizer built on the model's parameters (torch.optim.SGD(model.parameters(), lr=0.1))")
+        self.optimizer, self._foreign_optimizer = _translate_optimizer(self.user_optimizer, model.user_model)
         self.base_lr = getattr(self.optimizer, "lr", None)
         # ours compile into the step; Composer-style functions of the run state are called on the host each batch;
         # torch LR schedulers step on the host (each epoch, or each batch) and their LR multiplies the step's
         self.schedulers = [sch for sch in schedulers if hasattr(sch, "schedule")]
         self.host_schedulers = [sch for sch in schedulers if not hasattr(sch, "schedule")]
-        self.torch_schedulers = []
-        for i, sched, adapter in foreign:
-            host = adapter.to_scheduler(sched, self.user_optimizer, f"schedulers[{i}]")
+        self.torch_schedulers = [adapter.to_scheduler(sched, self.user_optimizer, f"schedulers[{i}]")
+                                 for i, sched, adapter in foreign]
+        for (i, sched, _), host in zip(foreign, self.torch_schedulers):
             if host is None:
                 raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
                                          "jaxcomposer.optim, a torch LR scheduler or a Composer-style function")
-            self.torch_schedulers.append(host)
         self.step_schedulers_every_batch = bool(a.step_schedulers_every_batch)
         self.steps_per_execution = a.steps_per_execution
         if self.steps_per_execution > 1 and (self.host_schedulers or self.torch_schedulers):
@@ -1063,6 +1042,38 @@ class _PreemptionGuard:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         return False
+
+
+def _split_schedulers(schedulers: list) -> tuple[list, list]:
+    """``(ours and Composer-style functions, [(index, scheduler, adapter)] of other frameworks' (torch LR
+    schedulers))``; anything else is refused by its index."""
+    own, foreign = [], []
+    for i, sched in enumerate(schedulers):
+        adapter = adapters.adapter_for(sched)
+        if adapter is not None and adapter.to_scheduler is not None:
+            foreign.append((i, sched, adapter))
+        elif callable(sched) or hasattr(sched, "schedule"):
+            own.append(sched)
+        else:
+            raise ConfigurationError(f"schedulers[{i}]: got {type(sched).__name__}, expected a scheduler from "
+                                     "jaxcomposer.optim, a torch LR scheduler or a Composer-style function "
+                                     "(state, ssr=1.0) -> float")
+    return own, foreign
+
+
+def _translate_optimizer(optimizer: Any, user_model: Any) -> tuple[Any, Any]:
+    """``(the optax transformation the step runs, the framework optimizer's binding or None)``: an optax one as
+    given; a torch optimizer through its adapter (checked against ``user_model``'s parameters now)."""
+    adapter = adapters.adapter_for(optimizer)
+    foreign = adapter.to_optimizer(optimizer, user_model) if adapter is not None and adapter.to_optimizer else None
+    if foreign is not None:
+        return foreign.tx, foreign
+    if not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
+        raise ConfigurationError(
+            f"optimizers: got {type(optimizer).__module__}.{type(optimizer).__name__}, expected an optax "
+            "GradientTransformation (jaxcomposer.optim.DecoupledSGDW, optax.adamw, ...) or a torch optimizer built "
+            "on the model's parameters (torch.optim.SGD(model.parameters(), lr=0.1))")
+    return optimizer, None
 
 
 def _as_loader(loader, name: str):
