@@ -20,7 +20,7 @@ from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, 
 from . import callbacks, classifier, functional, kernels, methods, models
 from .data import from_dataloader
 from .module import from_torch
-from .optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
+from .trainer_optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, blurmax_pool2d, count_module_instances
 
 
