@@ -59,6 +59,7 @@ CALLBACKS: dict[str, Callable] = {
     "threshold_stopper": callbacks_lib.ThresholdStopper, "memory_monitor": callbacks_lib.MemoryMonitor,
     "runtime_estimator": callbacks_lib.RuntimeEstimator, "optimizer_monitor": callbacks_lib.OptimizerMonitor,
     "system_metrics_monitor": callbacks_lib.SystemMetricsMonitor, "checkpoint_saver": callbacks_lib.CheckpointSaver,
+    "activation_monitor": callbacks_lib.ActivationMonitor,
 }
 # the destinations a config may add (the run directory's JSONL, TensorBoard and plot are always there)
 LOGGERS: dict[str, Callable] = {"mlflow": loggers_lib.MLFlowLogger, "wandb": loggers_lib.WandBLogger,

@@ -17,7 +17,7 @@ from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
-from . import callbacks, classifier, functional, kernels, methods, models
+from . import activations, callbacks, classifier, functional, kernels, methods, models
 from .data import from_dataloader
 from .module import from_torch
 from .trainer_optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
@@ -74,7 +74,8 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                   functional={"compute_ema": functional.compute_ema, "freeze_layers": functional.freeze_layers,
                               "apply_gradient_clipping": functional.apply_gradient_clipping,
                               "export_for_inference": callbacks.export_for_inference,
-                              "generate": callbacks.generate, "surgery_follower": SurgeryFollower},
+                              "generate": callbacks.generate, "surgery_follower": SurgeryFollower,
+                              "module_activations": activations.module_activations},
                   kernels={"conv_general_dilated": kernels.conv_general_dilated},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
                            "ComposerClassifier": classifier.ComposerClassifier,

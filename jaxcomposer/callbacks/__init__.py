@@ -1,5 +1,6 @@
 """Host callbacks (Composer's ``composer.callbacks``): monitors, stoppers, export, visualization, generation and
 checkpoint loading."""
+from jaxcomposer.callbacks.activation_monitor import ActivationMonitor
 from jaxcomposer.callbacks.checkpoint_saver import CheckpointSaver
 from jaxcomposer.callbacks.export_for_inference import ExportForInferenceCallback
 from jaxcomposer.callbacks.free_outputs import FreeOutputs
@@ -16,4 +17,4 @@ from jaxcomposer.callbacks.system_metrics_monitor import SystemMetricsMonitor
 __all__ = ["SpeedMonitor", "LRMonitor", "NaNMonitor", "NonFiniteLossError", "EarlyStopper", "ThresholdStopper",
            "MemoryMonitor", "OptimizerMonitor", "RuntimeEstimator", "SystemMetricsMonitor",
            "ExportForInferenceCallback", "FreeOutputs", "Generate", "ImageVisualizer", "LoadCheckpoint",
-           "CheckpointSaver"]
+           "CheckpointSaver", "ActivationMonitor"]

@@ -32,7 +32,8 @@ class CheckpointSaver(Callback):
     needs_each_batch_state = True
 
     def __init__(self, folder: str | Path = "{run_name}/checkpoints",
-                 filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt", remote_file_name: str | None = None, latest_filename: str | None = "latest-rank{rank}.pt",
+                 filename: str = "ep{epoch}-ba{batch}-rank{rank}.pt", remote_file_name: str | None = None,
+                 latest_filename: str | None = "latest-rank{rank}.pt",
                  latest_remote_file_name: str | None = None, save_interval: Any = "1ep", *, overwrite: bool = False,
                  num_checkpoints_to_keep: int = -1, weights_only: bool = False, ignore_keys: Any = None):
         from jaxcomposer import options  # (options imports core modules: imported here, not at the top)

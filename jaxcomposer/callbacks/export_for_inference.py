@@ -46,7 +46,8 @@ class ExportForInferenceCallback(Callback):
 
     What is exported is ``state.model`` (a ComposerModel wrapper is exported whole, as Composer exports its
     ``state.model``) with the run's final weights (the Trainer writes them into the user's module before FIT_END;
-    a torch model is exported by ``torch_bridge``, through the torch adapter). ``transforms`` (callables ``model -> model``) run on a copy before export, as Composer's.
+    a torch model is exported by ``torch_bridge``, through the torch adapter). ``transforms`` (callables
+    ``model -> model``) run on a copy before export, as Composer's.
 
     ``sample_input``: the model's input for tracing (one positional argument). By default, taken from the last
     train batch: ``batch['input']`` for a bare module (torch or NNX), and for a torch ComposerModel the batch in the

@@ -22,8 +22,8 @@ class OptimizerMonitor(Callback):
     them, at every ``batch_log_interval``-th batch. With ``log_optimizer_metrics`` it also logs
     ``l2_norm/param/<name>`` (after the step) and ``l2_norm/update/<name>`` (the step's update, learning rate
     included); Composer logs those only for its own optimizers' ``report_per_parameter_metrics``, and its moment
-    norms and cosines are not offered. The gradient is the one the optimizer received: after gradient accumulation and the methods'
-    gradient edits (SAM, clipping happens in the optimizer chain after it).
+    norms and cosines are not offered. The gradient is the one the optimizer received: after gradient accumulation
+    and the methods' gradient edits (SAM; clipping happens in the optimizer chain after it).
     """
 
     reads_layer_norms = True  # the Trainer's cue to compute the norms in the step

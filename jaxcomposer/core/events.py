@@ -101,6 +101,7 @@ class RunState(ReadsPlan):
     # weights from the device, so callbacks call it only when they hand the model to other code
     sync_model: Any = None
     train_metric_objects: Any = None  # the task's train metrics (compute_training_metrics), by name
+    task: Any = None  # the Trainer's Task (model_inputs, the converted model), for callbacks that run the model
     train_metric_sums: Any = None  # their sums over the epoch so far (device arrays)
     profiler: Any = None  # the Trainer's Profiler (Composer's state.profiler), or None
 

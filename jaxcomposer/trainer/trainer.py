@@ -278,7 +278,7 @@ class Trainer(ReadsPlan):
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
                               algorithms=list(self.composed.methods),
                               device_train_microbatch_size=a.device_train_microbatch_size,
-                              sync_model=self._synced_model, profiler=profiler,
+                              sync_model=self._synced_model, profiler=profiler, task=self.task,
                               train_metric_objects=self._train_metrics or None)
         self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
         self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
