@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
+from jaxcomposer.algorithms.image_layout import model_layout
+
 if TYPE_CHECKING:  # annotations only: the host-side augmentation itself needs no JAX
     from jaxcomposer.core.method import StepCtx
 
@@ -333,22 +335,23 @@ def map_images(f_pil: Callable[[Image.Image, np.random.Generator], Image.Image],
 
 
 def image_data_fn(name: str, f_pil: Callable[[Image.Image, np.random.Generator], Image.Image], input_key: str,
-                  data_format: str, mean, std) -> Callable[[dict, StepCtx], dict]:
+                  data_format: str | None, mean, std) -> Callable[[dict, StepCtx], dict]:
     """The ``data`` slot of an image-augmentation Method, ``data(batch, ctx) -> batch``: ``f_pil`` on every image of
     ``batch[input_key]``, drawing from ``ctx.key`` (in the host ``data`` slot, the batch's
-    ``numpy.random.Generator``; docs/design.md, "Methods and slots")."""
+    ``numpy.random.Generator``; docs/design.md, "Methods and slots"). ``data_format=None`` follows the model's
+    layout (``model_layout``: NCHW for a bridged torch model)."""
 
     def data_fn(batch: dict, ctx: StepCtx) -> dict:
         if input_key not in batch:
             raise KeyError(f"{name}: the batch has no {input_key!r} entry (keys: {sorted(batch)}); set input_key.")
-        x = np.asarray(batch[input_key])
+        x, layout = np.asarray(batch[input_key]), model_layout(data_format, ctx)
         if x.ndim != 4:
-            layout = "(N, H, W, C)" if data_format == "NHWC" else "(N, C, H, W)"
+            shape = "(N, H, W, C)" if layout == "NHWC" else "(N, C, H, W)"
             raise ValueError(
-                f"{name}: batch[{input_key!r}] must be a batch of images {layout} with 1 or 3 channels, got shape "
+                f"{name}: batch[{input_key!r}] must be a batch of images {shape} with 1 or 3 channels, got shape "
                 f"{x.shape}. {name} augments images; reshape flat inputs to images in the loader (models such as "
                 "MLP flatten them again).")
-        return {**batch, input_key: map_images(f_pil, x, ctx.key, data_format=data_format, mean=mean, std=std,
+        return {**batch, input_key: map_images(f_pil, x, ctx.key, data_format=layout, mean=mean, std=std,
                                                where=name)}
 
     return data_fn

@@ -105,7 +105,7 @@ def augmix_image(img: Any, severity: float = 3, depth: int = -1, width: int = 3,
 
 
 def AugMix(severity: float = 3, depth: int = -1, width: int = 3, alpha: float = 1.0, augmentation_set: str = "all",
-           input_key: str = "input", data_format: str = "NHWC", mean=None, std=None) -> Method:
+           input_key: str = "input", data_format: str | None = None, mean=None, std=None) -> Method:
     """Composer's ``AugMix(severity=3, depth=-1, width=3, alpha=1.0, augmentation_set='all')`` as a
     :class:`Method` (``data`` slot)."""
     where = "AugMix"
@@ -113,8 +113,8 @@ def AugMix(severity: float = 3, depth: int = -1, width: int = 3, alpha: float = 
     depth, width, alpha = _check_args(depth, width, alpha, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     validate_normalization(mean, std, where)
-    if data_format not in ("NHWC", "NCHW"):
-        raise ValueError(f"{where}: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
+    if data_format not in (None, "NHWC", "NCHW"):  # None: the model's layout (NCHW for a torch model)
+        raise ValueError(f"{where}: data_format must be 'NHWC' or 'NCHW' (or None), got {data_format!r}.")
     data_fn = image_data_fn(where, lambda im, g: _augmix_pil(im, g, severity, depth, width, alpha, ops), input_key,
                             data_format, mean, std)
     return Method(name="AugMix", data=data_fn,

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
-from jaxcomposer.algorithms.image_layout import spatial_axes
+from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["colout_batch", "ColOut"]
@@ -136,34 +136,35 @@ def colout_batch(sample, p_row: float = 0.15, p_col: float = 0.15, resize_target
 
 
 def ColOut(p_row: float = 0.15, p_col: float = 0.15, batch: bool = True, resize_target="auto",
-           input_key: str = "input", target_key: str = "target", data_format: str = "NHWC") -> Method:
+           input_key: str = "input", target_key: str = "target", data_format: str | None = None) -> Method:
     """Composer's ``ColOut(p_row=0.15, p_col=0.15, batch=True, resize_target='auto')`` as a :class:`Method`
-    (``batch`` slot)."""
+    (``batch`` slot). ``data_format=None`` follows the model's layout (NCHW for a bridged torch model, NHWC for NNX)."""
     p_row, p_col = _check_p("p_row", p_row), _check_p("p_col", p_col)
     _check_resize_target(resize_target)
     if not isinstance(batch, bool):
         raise ValueError(f"ColOut: batch must be True (one draw per batch) or False (per example), got {batch!r}.")
-    spatial_axes(4, data_format, "colout")  # validate now, not at trace time
+    if data_format is not None:
+        spatial_axes(4, data_format, "colout")  # validate now, not at trace time
 
     def batch_fn(b: dict, ctx: StepCtx) -> dict:
-        x, y = b[input_key], b.get(target_key)
+        x, y, layout = b[input_key], b.get(target_key), model_layout(data_format, ctx)
         if x.ndim != 4:
-            raise ValueError(f"ColOut: expected a batch of images (4 dims, {data_format}) under {input_key!r}, got "
+            raise ValueError(f"ColOut: expected a batch of images (4 dims, {layout}) under {input_key!r}, got "
                              f"shape {tuple(x.shape)}; ColOut drops image rows and columns, so it applies to images "
                              "only.")
-        resize = y is not None and _should_resize_target(x, y, resize_target, data_format)
+        resize = y is not None and _should_resize_target(x, y, resize_target, layout)
         if batch:
-            out = colout_batch((x, y) if resize else x, p_row, p_col, resize, key=ctx.key, data_format=data_format)
+            out = colout_batch((x, y) if resize else x, p_row, p_col, resize, key=ctx.key, data_format=layout)
         else:
             # Per example: each image draws its own rows and columns from its own key; the kept counts are the same,
             # so the results stack. 'auto' is decided once on the batched target (Composer decides per sample).
             keys = jax.random.split(ctx.key, x.shape[0])
             if resize:
                 out = jax.vmap(lambda k, xi, yi: colout_batch((xi, yi), p_row, p_col, True, key=k,
-                                                              data_format=data_format))(keys, x, y)
+                                                              data_format=layout))(keys, x, y)
             else:
                 out = jax.vmap(lambda k, xi: colout_batch(xi, p_row, p_col, False, key=k,
-                                                          data_format=data_format))(keys, x)
+                                                          data_format=layout))(keys, x)
         if resize:
             return {**b, input_key: out[0], target_key: out[1]}
         return {**b, input_key: out}

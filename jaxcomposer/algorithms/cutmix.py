@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
-from jaxcomposer.algorithms.image_layout import spatial_axes
+from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
 from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 from jaxcomposer.core.model import ensure_targets_one_hot
@@ -171,21 +171,22 @@ def _per_example(lam: jax.Array, like: jax.Array) -> jax.Array:
 
 
 def CutMix(alpha: float = 1.0, interpolate_loss: bool = False, uniform_sampling: bool = False,
-           input_key: str = "input", target_key: str = "target", data_format: str = "NHWC") -> Method:
+           input_key: str = "input", target_key: str = "target", data_format: str | None = None) -> Method:
     """Composer's ``CutMix(alpha=1.0, interpolate_loss=False, uniform_sampling=False)`` as a :class:`Method`
-    (``batch`` + ``loss`` slots)."""
+    (``batch`` + ``loss`` slots). ``data_format=None`` follows the model's layout (NCHW for a bridged torch model, NHWC for NNX)."""
     alpha = float(alpha)
     if alpha < 0:
         raise ValueError(f"CutMix: alpha must be >= 0, got {alpha}.")
-    spatial_axes(4, data_format, "cutmix")  # validate now, not at trace time
+    if data_format is not None:
+        spatial_axes(4, data_format, "cutmix")  # validate now, not at trace time
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
-        x, y = batch[input_key], batch[target_key]
+        x, y, layout = batch[input_key], batch[target_key], model_layout(data_format, ctx)
         mixed, target_perm, lam, bbox = cutmix_batch(x, y, alpha=alpha, uniform_sampling=uniform_sampling,
-                                                     key=ctx.key, data_format=data_format)
-        ay, ax = spatial_axes(x.ndim, data_format, "cutmix")
+                                                     key=ctx.key, data_format=layout)
+        ay, ax = spatial_axes(x.ndim, layout, "cutmix")
         h, w = x.shape[ay], x.shape[ax]
-        seg_axes = _spatial_target_axes(y, h, w, data_format)
+        seg_axes = _spatial_target_axes(y, h, w, layout)
         if seg_axes is not None:
             # Segmentation: the label of each pixel is known exactly, so paste it rather than interpolate.
             if interpolate_loss:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
-from jaxcomposer.algorithms.image_layout import spatial_axes
+from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["cutout_batch", "CutOut"]
@@ -102,19 +102,21 @@ def cutout_batch(input: jax.Array, num_holes: int = 1, length: float = 0.5, unif
 
 
 def CutOut(num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = False, input_key: str = "input",
-           data_format: str = "NHWC") -> Method:
-    """Composer's ``CutOut(num_holes=1, length=0.5, uniform_sampling=False)`` as a :class:`Method` (``batch``)."""
+           data_format: str | None = None) -> Method:
+    """Composer's ``CutOut(num_holes=1, length=0.5, uniform_sampling=False)`` as a :class:`Method` (``batch``).
+    ``data_format=None`` follows the model's layout (NCHW for a bridged torch model, NHWC for NNX)."""
     if int(num_holes) != num_holes or num_holes < 0:
         raise ValueError(f"CutOut: num_holes must be a non-negative integer, got {num_holes}.")
     if isinstance(length, int) and not isinstance(length, bool) and length < 0:
         raise ValueError(f"CutOut: an int length is a side in pixels and must be >= 0, got {length}.")
     if not isinstance(length, int) and not 0.0 <= float(length) <= 1.0:
         raise ValueError(f"CutOut: a float length is a fraction of min(H, W) and must be in [0, 1], got {length}.")
-    spatial_axes(4, data_format, "cutout")  # validate now, not at trace time
+    if data_format is not None:
+        spatial_axes(4, data_format, "cutout")  # validate now, not at trace time
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
         return {**batch, input_key: cutout_batch(batch[input_key], int(num_holes), length, uniform_sampling,
-                                                 key=ctx.key, data_format=data_format)}
+                                                 key=ctx.key, data_format=model_layout(data_format, ctx))}
 
     return Method(name="CutOut", batch=batch_fn,
                   description=f"CutOut(num_holes={num_holes}, length={length}, uniform_sampling={uniform_sampling})")

@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
-from jaxcomposer.algorithms.image_layout import spatial_axes
+from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["resize_batch", "ProgressiveResizing"]
@@ -201,13 +201,6 @@ def _scale_at(t: float, initial_scale: float, delay_fraction: float, finetune_fr
     return initial_scale + (1.0 - initial_scale) * frac
 
 
-def _layout(data_format: str | None, ctx: StepCtx) -> str:
-    # a bridged torch model is fed torch's NCHW batches; the step context is the one place that says so
-    if data_format is not None:
-        return data_format
-    return "NCHW" if ctx.model.param_layout == "torch" else "NHWC"
-
-
 def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetune_fraction: float = 0.2,
                         delay_fraction: float = 0.5, size_increment: int = 4, resize_targets: bool = False,
                         input_key: str = "input", target_key: str = "target", data_format: str | None = None,
@@ -260,7 +253,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
     def stage(batch_shapes: Mapping[str, Any] | None, ctx: StepCtx) -> Hashable:
         scale = _scale_at(int(ctx.step) / max(ctx.run.total_steps, 1), initial_scale, delay_fraction,
                           finetune_fraction)
-        width = full_width(batch_shapes, _layout(data_format, ctx))
+        width = full_width(batch_shapes, model_layout(data_format, ctx))
         pinned = round(width * scale / size_increment) * size_increment
         if pinned < 1:
             raise ValueError(f"ProgressiveResizing: a {width}-pixel-wide image at scale {scale:.3f} pins to 0 pixels "
@@ -274,7 +267,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
                              "factor that its stage slot computes on the host. The Trainer passes it; in your own "
                              "loop pass method.stage(batch_shapes, ctx) as the step's static stage, or "
                              "call resize_batch directly.")
-        x, layout = batch[input_key], _layout(data_format, ctx)
+        x, layout = batch[input_key], model_layout(data_format, ctx)
         if x.ndim != 4:
             raise ValueError(f"ProgressiveResizing: batch[{input_key!r}] has shape {x.shape}; expected a 4-D image "
                              f"batch ({layout}). Progressive resizing only applies to images.")

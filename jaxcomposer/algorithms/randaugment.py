@@ -88,14 +88,14 @@ def randaugment_image(img: Any, severity: float = 9, depth: int = 2,
 
 
 def RandAugment(severity: float = 9, depth: int = 2, augmentation_set: str = "all", input_key: str = "input",
-                data_format: str = "NHWC", mean=None, std=None) -> Method:
+                data_format: str | None = None, mean=None, std=None) -> Method:
     """Composer's ``RandAugment(severity=9, depth=2, augmentation_set='all')`` as a :class:`Method` (``data``)."""
     where = "RandAugment"
     severity, depth = _check_severity(severity, where), _check_depth(depth, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     validate_normalization(mean, std, where)
-    if data_format not in ("NHWC", "NCHW"):
-        raise ValueError(f"{where}: data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
+    if data_format not in (None, "NHWC", "NCHW"):  # None: the model's layout (NCHW for a torch model)
+        raise ValueError(f"{where}: data_format must be 'NHWC' or 'NCHW' (or None), got {data_format!r}.")
     data_fn = image_data_fn(where, lambda im, g: _randaugment_pil(im, g, severity, depth, ops), input_key,
                             data_format, mean, std)
     label = describe_augmentation_set(augmentation_set)

@@ -83,6 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
+from jaxcomposer.algorithms.image_layout import model_layout
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
 
 __all__ = ["should_selective_backprop", "select_using_loss", "SelectiveBackprop"]
@@ -227,16 +228,18 @@ def _take_examples(batch: dict, idx: jax.Array, batch_size: int) -> dict:
 
 
 def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, scale_factor: float = 1.0,
-                      interrupt: int = 2, input_key: str = "input", data_format: str = "NHWC") -> Method:
+                      interrupt: int = 2, input_key: str = "input", data_format: str | None = None) -> Method:
     """Composer's ``SelectiveBackprop(start=0.5, end=0.9, keep=0.5, scale_factor=1., interrupt=2)`` as a
-    :class:`Method` (``stage`` + ``grad`` slots)."""
+    :class:`Method` (``stage`` + ``grad`` slots). ``data_format=None`` (where ``scale_factor`` downscales) follows
+    the model's layout (NCHW for a bridged torch model, NHWC for NNX)."""
     start, end, keep, scale_factor = float(start), float(end), float(keep), float(scale_factor)
     if not 0.0 <= start <= end <= 1.0:
         raise ValueError(f"SelectiveBackprop: start and end are fractions of training with "
                          f"0 <= start <= end <= 1, got start={start}, end={end}.")
     _check_keep(keep, "SelectiveBackprop")
     _check_scale(scale_factor, "SelectiveBackprop")
-    _check_format(data_format, "SelectiveBackprop")
+    if data_format is not None:
+        _check_format(data_format, "SelectiveBackprop")
     if isinstance(interrupt, bool) or int(interrupt) != interrupt or interrupt < 0:
         raise ValueError(f"SelectiveBackprop: interrupt must be a non-negative integer (0: never interrupt), "
                          f"got {interrupt!r}.")
@@ -263,7 +266,8 @@ def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, s
         def selective(params, model_state, batch, key):
             k_score, k_select = jax.random.split(ctx.key)
             x = batch[input_key]
-            scored = {**batch, input_key: _downscale(x, scale_factor, data_format)} if scale_factor < 1 else batch
+            scored = {**batch, input_key: _downscale(x, scale_factor, model_layout(data_format, ctx))} \
+                if scale_factor < 1 else batch
             # Train mode, and its model-state update is kept: Composer's scoring forward runs the model in
             # train() under no_grad, which still updates BatchNorm's running statistics.
             losses, model_state = per_example_loss(params, model_state, scored, k_score)
