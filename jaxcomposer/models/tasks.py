@@ -77,11 +77,24 @@ class ComposerClassifier(Task):
                                            else train_metrics, "ComposerClassifier(train_metrics=...)")
 
     def loss(self, outputs: jax.Array, batch: Batch) -> jax.Array:
-        return self.loss_fn(outputs, batch[self.target_key])
+        return self.loss_fn(*self._classes_last(outputs, batch[self.target_key]))
 
     def get_metrics(self, is_train: bool = False) -> dict[str, Metric]:
         """Composer's: ``train_metrics`` (default ``MulticlassAccuracy``) with ``is_train``, else ``val_metrics``."""
         return dict(self.train_metrics if is_train else self.val_metrics)
+
+    def metric_inputs(self, outputs, batch: Batch):
+        return self._classes_last(outputs, batch[self.target_key])
+
+    def _classes_last(self, outputs, target):
+        """A bridged torch model keeps torch's layout, class scores on axis 1 (``(N, C, H, W)`` for segmentation,
+        as Composer's ``F.cross_entropy`` reads them); the loss and metrics here read classes last. Dense targets
+        shaped like the outputs (label smoothing's, MixUp's) move with them."""
+        if jnp.ndim(outputs) <= 2 or self._pure is None or self._pure.bridged is None:
+            return outputs, target
+        if jnp.shape(target) == jnp.shape(outputs):
+            target = jnp.moveaxis(target, 1, -1)
+        return jnp.moveaxis(outputs, 1, -1), target
 
 
 class _TokenPredictionTask(Task):

@@ -287,3 +287,34 @@ def test_several_batches_per_call_train_the_torch_module_as_one_per_batch():
     assert int(several["bn1.num_batches_tracked"]) == 10
     for name in one:
         np.testing.assert_allclose(several[name].numpy(), one[name].numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_a_bare_torch_segmentation_module_trains_with_torchs_class_axis(smoothing):
+    """Composer's classifier loss on (N, C, H, W) outputs and (N, H, W) targets is F.cross_entropy over axis 1;
+    with LabelSmoothing, on Composer's smoothed targets (dense, classes on axis 1)."""
+    from jaxcomposer.algorithms import LabelSmoothing
+
+    torch.manual_seed(0)
+    net = torch.nn.Conv2d(3, 4, 1)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(8, 3, 5, 6, generator=g), torch.randint(0, 4, (8, 5, 6), generator=g)
+    with torch.no_grad():
+        logits = net(x)
+        target = torch.nn.functional.one_hot(y, 4).permute(0, 3, 1, 2).float() * (1 - smoothing) + smoothing / 4
+        expected = float(-(target * torch.log_softmax(logits, 1)).sum(1).mean())
+    seen = []
+
+    class Loss(Callback):
+        def batch_end(self, state, logger):
+            seen.append(float(state.loss))
+
+    trainer = Trainer(model=net, train_dataloader=DataLoader(TensorDataset(x, y), batch_size=8), max_duration="1ba",
+                      progress_bar=False, callbacks=[Loss()],
+                      algorithms=[LabelSmoothing(smoothing)] if smoothing else None)
+    trainer.fit()
+    assert seen == [pytest.approx(expected, abs=1e-5)]
+    metrics = trainer.eval(DataLoader(TensorDataset(x, y), batch_size=8))
+    with torch.no_grad():
+        accuracy = float((net(x).argmax(1) == y).float().mean())
+    assert metrics["MulticlassAccuracy"] == pytest.approx(accuracy, abs=1e-6)

@@ -215,3 +215,4 @@ def test_surgery_keeps_a_torch_optimizer_on_the_new_layers():
         from jaxcomposer.models import ConvNet
         cf.apply_blurpool(ConvNet((8, 16), (2, 2), in_channels=3, image_size=8, rngs=nnx.Rngs(0)),
                           optimizers=optimizer)
+
