@@ -130,7 +130,9 @@ class TorchComposerTask(Task):
     def forward(self, params, state, batch, *, train: bool, key=None):
         tensors = self._tensors(batch)
         for i, (x, (shape, kind)) in enumerate(zip(tensors, self._signature)):
-            if np.shape(x)[1:] != shape[1:] or _kind(x) != kind:
+            # other sizes of the same rank and kind (ProgressiveResizing's smaller images) get an export of their
+            # own (BridgedModel); a new rank or kind is a method's edit the model cannot take (MixUp's dense targets)
+            if np.ndim(x) != len(shape) or _kind(x) != kind:
                 raise ValueError(
                     f"{type(self.source).__name__}: batch entry {i} reaches the forward as {np.shape(x)} "
                     f"{np.dtype(x.dtype)}, the model was exported for (*, {', '.join(map(str, shape[1:]))}) of kind "

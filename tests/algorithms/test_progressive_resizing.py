@@ -295,3 +295,45 @@ def test_torch_cnn_in_trainer_sees_nchw_batches_resized():
         small = torch.nn.functional.interpolate(x[:8], scale_factor=0.5, mode="nearest")
         expected = torch.nn.functional.cross_entropy(start(small), y[:8]).item()
     assert losses.values[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_torch_composer_model_trains_on_resized_batches():
+    """A Composer model (forward(batch) + loss) gets the resized batch too: its forward is exported again for the
+    smaller size, and the loss is its own on the resized images."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from jaxcomposer.core.events import Callback
+    from jaxcomposer.models import ComposerModel
+    from jaxcomposer.trainer.trainer import Trainer
+
+    class Net(ComposerModel):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+        def forward(self, batch):
+            return self.body(batch[0])
+
+        def loss(self, outputs, batch):
+            return F.cross_entropy(outputs, batch[1])
+
+    losses = []
+
+    class Losses(Callback):
+        def batch_end(self, state, logger):
+            losses.append(float(state.loss))
+
+    torch.manual_seed(0)
+    model = Net()
+    start = copy.deepcopy(model)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 2, (16,))
+    Trainer(model=model, train_dataloader=DataLoader(TensorDataset(x, y), batch_size=8), max_duration="1ba",
+            algorithms=[ProgressiveResizing(initial_scale=0.5)], callbacks=[Losses()], progress_bar=False,
+            seed=0, devices=jax.devices()[:1]).fit()
+    with torch.no_grad():
+        small = torch.nn.functional.interpolate(x[:8], scale_factor=0.5, mode="nearest")
+        expected = F.cross_entropy(start((small, y[:8])), y[:8]).item()
+    assert losses == [pytest.approx(expected, rel=1e-5)]
