@@ -36,7 +36,8 @@ uses them; without those keys (evaluation) it is the identity. Images are NHWC b
 supported). Declares ``exclusive={"interpolates_targets"}``, so ``compose`` raises if any other method of the
 recipe also interpolates targets (MixUp).
 
-**Functional form.** ``cutmix_batch(input, target, length=None, alpha=1.0, bbox=None, indices=None,
+**Functional form** (the area comes back as a Python float and the box as ints, as Composer's, except when traced
+under ``jax.jit``). ``cutmix_batch(input, target, length=None, alpha=1.0, bbox=None, indices=None,
 uniform_sampling=False, *, key=None, data_format=None)``: Composer's positional arguments, JAX, numpy or torch
 arrays in, the same type out; torch tensors are NCHW by default, as Composer's
 (:mod:`jaxcomposer.algorithms.functional_io`). The box and permutation come from the keyword-only ``key`` instead of
@@ -162,6 +163,8 @@ def cutmix_batch(input: jax.Array, target: jax.Array, length: float | None = Non
     mixed = _paste(input, input[indices], _box_mask(bbox, h, w), (ay, ax))
     r1, c1, r2, c2 = bbox
     adjusted = 1.0 - ((r2 - r1) * (c2 - c1)).astype(jnp.float32) / (h * w)
+    if not isinstance(adjusted, jax.core.Tracer):  # Composer returns a float area and an int box, not tensors
+        adjusted, bbox = float(adjusted), tuple(int(b) for b in bbox)
     return mixed, target[indices], adjusted, bbox
 
 

@@ -253,3 +253,20 @@ def test_jit_equals_eager_and_no_retrace(key):
         np.testing.assert_allclose(jl, el, rtol=1e-5)
     assert len(traces) == 1 + 4  # one trace for jit; the eager calls run the Python body each time
 
+
+
+def test_area_and_box_come_back_as_composers_python_numbers():
+    """Composer's cutmix_batch returns a float area and an int box; a traced call keeps them arrays."""
+    import torch
+
+    x = np.random.default_rng(0).random((4, 3, 8, 8)).astype(np.float32)
+    y = np.arange(4)
+    for xs, ys in ((torch.from_numpy(x), torch.from_numpy(y)), (x.transpose(0, 2, 3, 1).copy(), y)):
+        _, _, area, bbox = cutmix_batch(xs, ys, alpha=1.0, key=jax.random.key(1))
+        assert type(area) is float and 0.0 <= area <= 1.0
+        assert all(type(b) is int for b in bbox)
+        r1, c1, r2, c2 = bbox
+        assert area == pytest.approx(1 - (r2 - r1) * (c2 - c1) / 64)
+    traced = jax.jit(lambda k: cutmix_batch(jnp.asarray(x.transpose(0, 2, 3, 1)), jnp.asarray(y), key=k)[2])(
+        jax.random.key(1))
+    assert isinstance(traced, jax.Array) and traced.shape == ()
