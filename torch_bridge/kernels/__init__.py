@@ -23,7 +23,9 @@ Differences from ``lax.conv_general_dilated``, on the oneDNN path:
 - float32 sums in oneDNN's order: results agree to float32 rounding (~1e-6 relative), not bit for bit;
   ``precision`` is ignored (oneDNN's float32 convolution is full float32).
 - bfloat16 (``precision='amp_bf16'``): oneDNN accumulates in float32 and rounds each result once, so a value or
-  gradient is the float32 convolution of the same bf16 operands rounded to bf16 (within one bf16 unit). XLA:CPU's
+  gradient is the float32 convolution of the same bf16 operands rounded to bf16 (within one bf16 unit). Where the
+  CPU lacks AVX-512 (or oneDNN is capped below it), ATen's bf16 kernels are not exact, so there the calls run in
+  float32 and round once (:func:`bf16_is_exact` decides by a measurement, once per process). XLA:CPU's
   own bf16 convolutions are slow: the quickstart ConvNet's AMP train step took 9.4 ms with them and 5.6 ms here
   (2 cores, one measurement each).
 - first-order only: ``jax.grad`` works, a second derivative (``jax.hessian``) raises, because the gradient is
@@ -165,6 +167,31 @@ def available() -> bool:
     return True
 
 
+@functools.cache
+def bf16_is_exact() -> bool:
+    """Whether ATen's bfloat16 convolutions here give the float32 result of the same operands rounded once, as
+    oneDNN's do where the CPU has AVX-512 (native or emulated bf16). Where it has not (an AVX2-only CPU, or oneDNN
+    capped below AVX-512 with ``ONEDNN_MAX_CPU_ISA``), ATen takes another kernel whose results are off by several
+    bf16 units; bfloat16 convolutions then run in float32 and round once (:func:`conv_general_dilated`). Measured
+    once per process on a small convolution, its value and both gradients, as the calls run them (channels-last)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x, w, dy = (torch.randn(shape, generator=g).bfloat16().float()  # exact in bf16: both runs get the same operands
+                for shape in ((2, 16, 9, 9), (8, 16, 3, 3), (2, 8, 9, 9)))
+
+    def run(dtype):
+        xs, ws = (t.to(dtype).contiguous(memory_format=torch.channels_last).requires_grad_() for t in (x, w))
+        y = torch.nn.functional.conv2d(xs, ws, padding=1)
+        y.backward(dy.to(dtype).contiguous(memory_format=torch.channels_last))
+        return [t.detach().float() for t in (y, xs.grad, ws.grad)]
+
+    result = all(torch.allclose(got, want, rtol=2.0 ** -7, atol=1e-5)
+                 for got, want in zip(run(torch.bfloat16), run(torch.float32)))
+    release_openmp_team()
+    return result
+
+
 def _call(name: str, like, *args, geometry: tuple):
     stride, padding, dilation, groups = geometry
     return jax.ffi.ffi_call(f"jaxcomposer_onednn_conv_{name}", jax.ShapeDtypeStruct(like.shape, like.dtype),
@@ -241,9 +268,16 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
     extra, geometry, dn, layout = plan
     out_shape = jax.eval_shape(fallback, lhs, rhs).shape
     _register()
+    # bf16 where ATen's bf16 kernels are not exact here: the float32 convolution of the same operands, rounded once
+    in_float32 = lhs.dtype == jax.numpy.bfloat16 and not bf16_is_exact()
     release_openmp_team()
 
     def onednn(lhs, rhs):
+        if in_float32:
+            return onednn_exact(lhs.astype(np.float32), rhs.astype(np.float32)).astype(lhs.dtype)
+        return onednn_exact(lhs, rhs)
+
+    def onednn_exact(lhs, rhs):
         if any(lo or hi for lo, hi in extra):
             pads = [(0, 0)] * 4
             for axis, pair in zip(dn.lhs_spec[2:], extra):
