@@ -19,6 +19,7 @@ from jaxcomposer.errors import ConfigurationError
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
 from . import activations, callbacks, classifier, functional, kernels, methods, models
 from .data import from_dataloader
+from .kernels import autotune
 from .module import from_torch
 from .trainer_optim import SurgeryFollower, TrainerOptimizer, TrainerScheduler
 from .surgery import BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, blurmax_pool2d, count_module_instances
@@ -76,7 +77,9 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                               "export_for_inference": callbacks.export_for_inference,
                               "generate": callbacks.generate, "surgery_follower": SurgeryFollower,
                               "module_activations": activations.module_activations},
-                  kernels={"conv_general_dilated": kernels.conv_general_dilated},
+                  kernels={"conv_general_dilated": kernels.conv_general_dilated,
+                           "conv_general_dilated_auto": autotune.conv_general_dilated,
+                           "conv_autotune": autotune.default_tuner},
                   classes={"ComposerModel": ComposerModel, "HuggingFaceModel": HuggingFaceModel,
                            "ComposerClassifier": classifier.ComposerClassifier,
                            # Composer's torch layers, importable from the method's jaxcomposer module

@@ -155,6 +155,20 @@ def kernel(framework: str, name: str, *, wanted_by: str) -> Callable:
     return provided[name]
 
 
+def installed(framework: str) -> bool:
+    """Whether ``framework``'s adapter is installed (without loading it, or the framework)."""
+    return framework in _entry_points()
+
+
+def loaded_kernel(framework: str, name: str) -> Callable | None:
+    """The kernel ``name`` of ``framework``'s adapter when this process has loaded that adapter already (something
+    asked for one of its kernels or classes), else None: asking never imports the framework."""
+    entry = _entry_points().get(framework)
+    if entry is None or entry.module not in sys.modules:
+        return None
+    return _load(framework).kernels.get(name)
+
+
 def provided(obj: Any, name: str) -> Any:
     """The class ``name`` that the adapter of ``obj``'s framework provides for ``obj`` (``ComposerClassifier`` for a
     torch module), or None when ``obj`` is not another framework's model or its adapter has no such class."""

@@ -1,13 +1,14 @@
 """XLA:CPU's thread pool beside oneDNN's OpenMP team: one XLA thread where the two would fight over few cores.
 
-A model built with ``conv_impl='onednn'`` runs its convolutions through ATen, whose OpenMP team holds one thread per
-core and keeps them spinning for a while after every convolution (spinning is what makes its next parallel region
-start at once). Between convolutions XLA:CPU runs the step's other kernels on its own pool, also one thread per
-core. On a small machine the two then share the cores: XLA's threads run beside a spinning OpenMP thread, and the
-kernel scheduler hands each a time slice. On 2 cores the spinning took ~30% of the process's CPU samples (``perf``)
-and the quickstart's ``fit`` ran 13.1-14.5 ms per step against 11.2-13.0 ms with a single XLA thread (6 interleaved
-process pairs; ResNet-8: 31-37 against 28 ms). Making OpenMP spin less was slower still (``GOMP_SPINCOUNT`` 3,000 or
-30,000, ``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the spinning.
+A model built with ``conv_impl='onednn'`` (or ``'auto'``, which may choose it) runs its convolutions through ATen,
+whose OpenMP team holds one thread per core and keeps them spinning for a while after every convolution (spinning is
+what makes its next parallel region start at once). Between convolutions XLA:CPU runs the step's other kernels on
+its own pool, also one thread per core. On a small machine the two then share the cores: XLA's threads run beside a
+spinning OpenMP thread, and the kernel scheduler hands each a time slice. On 2 cores the spinning took ~30% of the
+process's CPU samples (``perf``) and the quickstart's ``fit`` ran 13.1-14.5 ms per step against 11.2-13.0 ms with a
+single XLA thread (6 interleaved process pairs; ResNet-8: 31-37 against 28 ms). Making OpenMP spin less was slower
+still (``GOMP_SPINCOUNT`` 3,000 or 30,000, ``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the
+spinning.
 
 XLA reads the pool's size once, from ``PJRT_NPROC``, when it creates its CPU client (the first array, compile or
 device query of the process), so this can only be arranged before that: ``jaxcomposer fit`` and
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import os
 from typing import Any, Mapping
+
+from jaxcomposer.core import adapters
 
 ENV = "PJRT_NPROC"
 MAX_CORES = 4  # the largest machine the single XLA thread is chosen for (measured on 2 cores)
@@ -42,9 +45,16 @@ def jax_backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", None))
 
 
+# the config models built with ``conv_impl`` (default 'auto'), and what 'auto' needs to be able to pick oneDNN
+CONV_MODELS = ("convnet", "resnet_cifar", "resnet")
+
+
 def uses_onednn_convolutions(model: Mapping[str, Any]) -> bool:
-    """A config's ``model`` section asks for oneDNN's convolutions (``conv_impl: onednn``)."""
-    return model.get("conv_impl") == "onednn"
+    """A config's ``model`` section may run oneDNN's convolutions: ``conv_impl: onednn``, or ``auto`` (the default)
+    where the torch adapter is installed. An ``auto`` model whose shapes all measure faster on XLA then runs on one
+    XLA thread too; its measurement was made on that thread, so the choice is right for the process it runs in."""
+    impl = model.get("conv_impl", "auto" if model.get("name") in CONV_MODELS else None)
+    return impl == "onednn" or (impl == "auto" and adapters.installed("torch"))
 
 
 def one_xla_thread_for_onednn(model: Mapping[str, Any]) -> str:

@@ -35,14 +35,15 @@ class ConvNet(nnx.Module):
 
     ``channels`` / ``strides``: one entry per stage. ``head``: ``'flatten'`` (the final map, flattened in H, W, C
     order) or ``'avg'`` (global average pool). ``image_size``: the square input size the flatten head is built
-    for. ``conv_impl``: ``'xla'`` or ``'onednn'`` (oneDNN's convolutions on CPU, see
-    :func:`jaxcomposer.models.resnet.conv_function`). ``key`` is accepted for the shared model interface; the
+    for. ``conv_impl``: ``'auto'`` (default: per shape the faster of
+    XLA's and oneDNN's convolutions, measured), ``'xla'`` or ``'onednn'``; see
+    :func:`jaxcomposer.models.resnet.conv_function`. ``key`` is accepted for the shared model interface; the
     network draws no randomness.
     """
 
     def __init__(self, channels: Sequence[int] = (32, 64, 128), strides: Sequence[int] = (2, 2, 2),
                  kernel_size: int = 3, num_classes: int = 10, in_channels: int = 1, image_size: int = 28,
-                 head: str = "flatten", bn_momentum: float = 0.9, conv_impl: str = "xla", *, rngs: nnx.Rngs):
+                 head: str = "flatten", bn_momentum: float = 0.9, conv_impl: str = "auto", *, rngs: nnx.Rngs):
         channels, strides = tuple(channels), tuple(strides)
         if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
             raise ValueError(f"ConvNet: channels must be a non-empty list of positive ints, got {list(channels)}.")

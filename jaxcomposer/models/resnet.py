@@ -22,17 +22,26 @@ kaiming_fan_out = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 VALID_DEPTH_EXAMPLES = (8, 14, 20, 32, 44, 56, 110)
 
 
-CONV_IMPLS = ("xla", "onednn")
+CONV_IMPLS = ("auto", "xla", "onednn")
 
 
 def conv_function(conv_impl: str, where: str):
-    """The ``lax.conv_general_dilated`` a model's convolutions call: XLA's own, or oneDNN's on CPU.
+    """The ``lax.conv_general_dilated`` a model's convolutions call: XLA's own, oneDNN's on CPU, or per shape the
+    faster of the two.
 
     ``'onednn'`` comes from the torch adapter (``torch_bridge.kernels``: ATen's oneDNN convolutions as XLA custom
-    calls on CPU, about 2x XLA's speed on small CNNs; XLA's on other platforms), loaded only when asked for.
+    calls on CPU; XLA's on other platforms), loaded only when asked for. ``'auto'`` (the models' default) times both
+    on each convolution shape the first time it is traced and keeps the faster, remembered on disk per machine
+    (``torch_bridge.kernels.autotune``, where ``JAXCOMPOSER_CONV_AUTOTUNE=xla|onednn`` pins it); the Trainer says
+    what it chose after its first step. It needs the torch adapter (so it imports torch when the model is built);
+    without one, and off the CPU, it is XLA's.
     """
     if conv_impl == "xla":
         return jax.lax.conv_general_dilated
+    if conv_impl == "auto":
+        if not adapters.installed("torch"):
+            return jax.lax.conv_general_dilated
+        return adapters.kernel("torch", "conv_general_dilated_auto", wanted_by=f"{where}(conv_impl='auto')")
     if conv_impl == "onednn":
         return adapters.kernel("torch", "conv_general_dilated", wanted_by=f"{where}(conv_impl='onednn')")
     raise ValueError(f"{where}: conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}.")
@@ -101,14 +110,14 @@ class ResNetCIFAR(nnx.Module):
     """CIFAR-style ResNet; ``stem_stride=2`` makes a cheap variant (28x28 inputs give 14x14 feature maps).
 
     ``dropout`` drops pooled features before the head in training (timm's ``drop_rate``; 0, the paper's network,
-    by default); ``key`` feeds it and may be None otherwise. ``conv_impl``: ``'xla'`` (default) or ``'onednn'``,
-    oneDNN's convolutions on CPU through the torch adapter (about twice XLA:CPU's speed on this model; see
-    :func:`conv_function`); parameters, state and checkpoints are the same either way.
+    by default); ``key`` feeds it and may be None otherwise. ``conv_impl``: ``'auto'`` (default: per shape the faster
+    of XLA's and oneDNN's convolutions, measured), ``'xla'`` or ``'onednn'`` (oneDNN's on CPU through the torch
+    adapter; see :func:`conv_function`); parameters, state and checkpoints are the same either way.
     """
 
     def __init__(self, depth: int = 20, width: int = 16, num_classes: int = 10, in_channels: int = 3,
                  stem_stride: int = 1, widen: Sequence[int] = (1, 2, 4), bn_momentum: float = 0.9,
-                 zero_init_residual: bool = False, dropout: float = 0.0, conv_impl: str = "xla", *,
+                 zero_init_residual: bool = False, dropout: float = 0.0, conv_impl: str = "auto", *,
                  rngs: nnx.Rngs):
         if not isinstance(depth, int) or depth < 8 or (depth - 2) % 6 != 0:
             raise ValueError(f"ResNetCIFAR: depth must be 6n+2 with n >= 1, got depth={depth!r}; "

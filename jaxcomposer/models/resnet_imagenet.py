@@ -94,8 +94,8 @@ class ResNetImageNet(nnx.Module):
 
     ``bn_momentum`` is flax's (weight of the old running average; torchvision's momentum 0.1 is 0.9 here).
     ``dropout`` drops pooled features before the head in training (0, torchvision's network, by default); ``key``
-    feeds it and may be None otherwise. ``conv_impl``: ``'xla'`` or ``'onednn'`` (oneDNN's convolutions on CPU,
-    as in ``ResNetCIFAR``). ``blocks`` is one flat list over the stages; ``stage_of_block`` names each block's
+    feeds it and may be None otherwise. ``conv_impl``: ``'auto'`` (default), ``'xla'`` or ``'onednn'``, as in
+    ``ResNetCIFAR``. ``blocks`` is one flat list over the stages; ``stage_of_block`` names each block's
     (stage, index), torchvision's ``layer{stage + 1}.{index}``.
     """
 
@@ -109,7 +109,7 @@ class ResNetImageNet(nnx.Module):
 
     def __init__(self, layers: Sequence[int] = (3, 4, 6, 3), width: int = 64, num_classes: int = 1000,
                  in_channels: int = 3, block: str = "bottleneck", bn_momentum: float = 0.9,
-                 zero_init_residual: bool = False, dropout: float = 0.0, conv_impl: str = "xla", *,
+                 zero_init_residual: bool = False, dropout: float = 0.0, conv_impl: str = "auto", *,
                  rngs: nnx.Rngs):
         layers = tuple(layers)
         if not layers or not all(isinstance(n, int) and n >= 1 for n in layers):

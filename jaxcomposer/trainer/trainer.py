@@ -158,6 +158,7 @@ class Trainer(ReadsPlan):
         self.train_subset_num_batches = a.train_subset_num_batches
         self.eval_subset_num_batches = a.eval_subset_num_batches
         self.microbatch_size = a.device_train_microbatch_size  # 'auto' is resolved at the first batch
+        self._conv_choices_said = False  # conv_impl='auto': its choices are said after the first step
         self.device_memory_bytes = a.device_memory_bytes
         self.scale_schedule_ratio = a.scale_schedule_ratio
 
@@ -358,6 +359,8 @@ class Trainer(ReadsPlan):
         self._fire(Event.FIT_START)
         self._mark = time.perf_counter()
         last_eval_batch = -1
+        conv_tuner = adapters.loaded_kernel("torch", "conv_autotune")  # conv_impl='auto' (models, bridged CNNs)
+        conv_mark = None if conv_tuner is None or self._conv_choices_said else len(conv_tuner().traced)
         while not self._done() and not st.stop_requested:
             self._seek_train_data()
             st.train_metric_sums = None  # as Composer resets its train metrics each epoch
@@ -403,6 +406,9 @@ class Trainer(ReadsPlan):
                     if self._train_metrics:
                         self._log_train_metrics(metrics["train_metrics"])
                     self._fire(Event.BATCH_END)
+                    if conv_mark is not None:  # the first step is traced: say what 'auto' chose for its convolutions
+                        self._say_conv_choices(conv_tuner().summary(since=conv_mark))
+                        conv_mark = None
                     # (a chunk ends where an evaluation or a checkpoint is due: _chunk_length)
                     if self._run_eval(TimeUnit.BATCH):
                         last_eval_batch = st.timestamp.batch
@@ -941,11 +947,22 @@ class Trainer(ReadsPlan):
         why = "no device memory limit known" if budget is None else \
             f"peak {needs[chosen]:,} of {budget:,} bytes per device"
         self.logger.log_hyperparameters({"device_train_microbatch_size": chosen})
-        if any(isinstance(d, (ProgressBarLogger, ConsoleLogger)) for d in self.logger.destinations):
-            print(f"jaxcomposer: device_train_microbatch_size='auto' chose {chosen} ({why})", file=sys.stderr,
-                  flush=True)
+        self._tell(f"device_train_microbatch_size='auto' chose {chosen} ({why})")
         self.auto_microbatch_report = {"chosen": chosen, "budget_bytes": budget, "peak_bytes_by_size": needs}
         return chosen
+
+    def _tell(self, message: str) -> None:
+        """A line on stderr where people watch the run (a progress bar or console logging)."""
+        if any(isinstance(d, (ProgressBarLogger, ConsoleLogger)) for d in self.logger.destinations):
+            print(f"jaxcomposer: {message}", file=sys.stderr, flush=True)
+
+    def _say_conv_choices(self, summary: str | None) -> None:
+        """What ``conv_impl='auto'`` chose for the convolutions of the first step (once per Trainer): logged as the
+        ``conv_impl`` hyperparameter and said on the console."""
+        self._conv_choices_said = True
+        if summary is not None:
+            self.logger.log_hyperparameters({"conv_impl": summary})
+            self._tell(f"conv_impl='auto' chose {summary}")
 
     def _device_batches(self, loader: Iterable, subset: int, check: bool, position: tuple[int, int] | None = None):
         """Batches on device, prefetched. ``position`` (epoch, first batch in epoch) marks a training pass: there

@@ -231,7 +231,7 @@ def test_resnet_with_onednn_convs_matches_xla_convs():
 
 
 def test_unknown_conv_impl_names_the_choices():
-    with pytest.raises(ValueError, match=r"conv_impl must be one of \('xla', 'onednn'\), got 'mkldnn'"):
+    with pytest.raises(ValueError, match=r"conv_impl must be one of \('auto', 'xla', 'onednn'\), got 'mkldnn'"):
         _resnet("mkldnn")
 
 
@@ -257,7 +257,8 @@ def test_adapter_kernel_lookup_names_what_is_missing():
     assert adapters.kernel("torch", "conv_general_dilated", wanted_by="x") is kernels.conv_general_dilated
     with pytest.raises(ConfigurationError, match=r"M\(conv_impl='y'\): needs the 'mxnet' adapter"):
         adapters.kernel("mxnet", "conv_general_dilated", wanted_by="M(conv_impl='y')")
-    with pytest.raises(ConfigurationError, match=r"provides no kernel 'matmul'; it has \['conv_general_dilated'\]"):
+    with pytest.raises(ConfigurationError, match=r"provides no kernel 'matmul'; it has \['conv_autotune', "
+                                                 r"'conv_general_dilated', 'conv_general_dilated_auto'\]"):
         adapters.kernel("torch", "matmul", wanted_by="x")
 
 

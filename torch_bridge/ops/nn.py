@@ -18,6 +18,7 @@ from jax import lax
 import torch
 
 from .. import kernels
+from ..kernels import autotune
 from .indexing import checked_rows
 from .registry import lower, to_jnp_dtype
 
@@ -74,8 +75,10 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
                       conv_layout=conv_layout)
     else:
         pads = conv_pads(padding, k, dilation)
-        if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and kernels.available():
-            # oneDNN on CPU (torch's own kernels; ~2x XLA:CPU's; channels-last inside), lax on other platforms
+        if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and autotune.choice(
+                x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                feature_group_count=groups) == "onednn":
+            # oneDNN on CPU where it measured faster for this shape (torch's own kernels; channels-last inside)
             y = kernels.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
                                              feature_group_count=groups)
         elif _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):

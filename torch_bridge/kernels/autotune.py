@@ -1,0 +1,252 @@
+"""oneDNN's or XLA's convolution, chosen per shape by a measurement at the first trace (``cudnn.benchmark``'s idea).
+
+Which of the two is faster depends on the CPU and the shape: on AVX-512 CPUs oneDNN's small-CNN convolutions take
+about half XLA's time, on AVX2-only CPUs XLA's can take several times oneDNN's, and a wide 1x1 convolution can go
+either way. A fixed default is wrong somewhere, so ``conv_impl='auto'`` (the models' default) and the bridge's
+convolutions call :func:`conv_general_dilated` here: the first time a convolution of a given shape is traced it
+times both implementations (forward and both gradients, jitted alone on random operands, alternated, best of a few
+rounds) and keeps the faster. The choice is remembered in the process and on disk, so later runs on the same
+machine trace without measuring.
+
+The cache is one JSON file per machine fingerprint (CPU model and flags, ISA caps, cores, thread settings, jax and
+torch versions) under ``$JAXCOMPOSER_CONV_AUTOTUNE_CACHE`` (default ``<kernel cache>/../conv_autotune``, i.e.
+``~/.cache/jaxcomposer/conv_autotune``). Processes sharing it measure each shape once: a file lock is held while
+measuring and writing, and an entry already written is always what later processes take.
+
+``JAXCOMPOSER_CONV_AUTOTUNE`` pins the choice instead: ``xla`` or ``onednn`` for every automatic convolution (runs
+that must not depend on a timing, tests); unset or ``measure`` measures. Where oneDNN cannot run a convolution
+(``kernels._plan`` declines it, or the backend is not the CPU) XLA's is used without measuring.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import platform
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax import lax
+
+from torch_bridge import kernels
+
+POLICY_ENV = "JAXCOMPOSER_CONV_AUTOTUNE"
+CACHE_ENV = "JAXCOMPOSER_CONV_AUTOTUNE_CACHE"
+POLICIES = ("measure", "xla", "onednn")
+IMPLS = ("onednn", "xla")
+# Per implementation: a few rounds of at least this long each, best round kept (timing noise from the other
+# threads of a busy machine only ever adds time).
+ROUND_S = 0.02
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a convolution shape runs on, and why: ``measured`` here, read from the ``cached`` file, or ``pinned``
+    by ``JAXCOMPOSER_CONV_AUTOTUNE``. Times are milliseconds per forward + both gradients (None when pinned)."""
+    impl: str
+    onednn_ms: float | None = None
+    xla_ms: float | None = None
+    source: str = "measured"
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """One convolution as traced: operand shapes and dtype, and ``lax.conv_general_dilated``'s keywords."""
+    lhs_shape: tuple
+    rhs_shape: tuple
+    dtype: str
+    params: tuple  # (window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, groups, batch_groups)
+
+    @property
+    def key(self) -> str:
+        strides, padding, _, dilation, dn, groups, _ = self.params
+        return (f"{self.dtype} lhs={list(self.lhs_shape)} rhs={list(self.rhs_shape)} dn={dn} stride={list(strides)} "
+                f"pad={[list(p) for p in padding]} dilation={list(dilation or (1, 1))} groups={groups}")
+
+    def call(self, impl: str, lhs, rhs):
+        strides, padding, lhs_dil, rhs_dil, dn, groups, batch_groups = self.params
+        conv = kernels.conv_general_dilated if impl == "onednn" else lax.conv_general_dilated
+        return conv(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dn, groups, batch_groups)
+
+
+def _timed_step(spec: ConvSpec, impl: str):
+    """The jitted forward and both gradients of ``spec`` on ``impl``, compiled."""
+    def step(lhs, rhs, dy):
+        y, pull = jax.vjp(functools.partial(spec.call, impl), lhs, rhs)
+        return (y, *pull(dy))
+    return jax.jit(step)
+
+
+def measure(spec: ConvSpec) -> Choice:
+    """Both implementations' best time per forward + both gradients of ``spec``, alternated round by round;
+    the faster one (oneDNN on a tie). Runs on a thread of its own: a convolution is chosen while the step that
+    holds it is being traced, and JAX runs calls eagerly only outside the tracing thread."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conv-autotune") as pool:
+        return pool.submit(_measure_here, spec).result()
+
+
+def _measure_here(spec: ConvSpec) -> Choice:
+    rng = np.random.default_rng(0)
+    dtype = jax.numpy.dtype(spec.dtype)
+    lhs = rng.standard_normal(spec.lhs_shape, np.float32).astype(dtype)
+    rhs = rng.standard_normal(spec.rhs_shape, np.float32).astype(dtype)
+    out = jax.eval_shape(functools.partial(spec.call, "xla"), lhs, rhs)
+    dy = rng.standard_normal(out.shape, np.float32).astype(dtype)
+    steps = {impl: _timed_step(spec, impl) for impl in IMPLS}
+    reps = {}
+    for impl, step in steps.items():  # compile and warm up; size each round to ROUND_S
+        jax.block_until_ready(step(lhs, rhs, dy))
+        start = time.perf_counter()
+        jax.block_until_ready(step(lhs, rhs, dy))
+        reps[impl] = max(1, min(1000, int(ROUND_S / max(time.perf_counter() - start, 1e-6))))
+    best = {impl: float("inf") for impl in IMPLS}
+    for _ in range(ROUNDS):
+        for impl, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(reps[impl]):
+                result = step(lhs, rhs, dy)
+            jax.block_until_ready(result)
+            best[impl] = min(best[impl], (time.perf_counter() - start) / reps[impl])
+    kernels.release_openmp_team()
+    impl = "onednn" if best["onednn"] <= best["xla"] else "xla"
+    return Choice(impl, round(best["onednn"] * 1e3, 4), round(best["xla"] * 1e3, 4))
+
+
+def fingerprint() -> dict:
+    """What a measurement depends on besides the shape: the CPU, what caps its ISA, the threads, the versions."""
+    import importlib.metadata as md
+    cpu = {"model": platform.processor() or platform.machine(), "flags": ""}
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        for line in info.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                cpu["model"] = value.strip()
+            elif name.strip() == "flags":
+                cpu["flags"] = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "amx", "fma"))))
+                break
+    except OSError:
+        pass
+    env = {name: os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                                     "PJRT_NPROC", "NPROC", "OMP_NUM_THREADS")}
+    env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "isa" in f) or None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    versions = {name: md.version(name) for name in ("jax", "jaxlib", "torch")}
+    return {"cpu": cpu, "env": env, "cores": cores, "versions": versions}
+
+
+class ConvAutotuner:
+    """Choices per convolution shape: in memory, then in the cache file ``path`` (None: memory only), else from
+    ``measure``. ``choices`` holds every choice this process made or read, in order."""
+
+    def __init__(self, path: Path | None, measure=measure, policy: str = "measure"):
+        if policy not in POLICIES:
+            raise ValueError(f"{POLICY_ENV}={policy!r}: expected one of {POLICIES} (unset measures)")
+        self.path, self.policy, self._measure = path, policy, measure
+        self.choices: dict[str, Choice] = {}
+        self.traced: list[str] = []  # the key of every convolution traced, in order (``summary(since=...)``)
+        self._lock = threading.Lock()
+
+    def choose(self, spec: ConvSpec) -> Choice:
+        with self._lock:
+            if spec.key not in self.choices:
+                self.choices[spec.key] = (Choice(self.policy, source="pinned") if self.policy != "measure"
+                                          else self._from_file_or_measured(spec))
+            self.traced.append(spec.key)
+            return self.choices[spec.key]
+
+    def _from_file_or_measured(self, spec: ConvSpec) -> Choice:
+        if self.path is None:
+            return self._measure(spec)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one measurer per shape among the processes sharing the file
+            entries = self._read()
+            if spec.key in entries:
+                return Choice(**{**entries[spec.key], "source": "cached"})
+            choice = self._measure(spec)
+            entries[spec.key] = {k: v for k, v in asdict(choice).items() if k != "source"}
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"fingerprint": fingerprint(), "choices": entries}, indent=1))
+            os.replace(tmp, self.path)  # readers never see a partial file
+            return choice
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text()).get("choices", {})
+        except (OSError, ValueError):  # absent, or unreadable: measure again and rewrite it
+            return {}
+
+    def summary(self, since: int = 0) -> str | None:
+        """The choices of the convolutions traced since ``len(traced)`` was ``since``, in words: how many shapes run
+        on each implementation, and how that was decided. None when none was traced."""
+        chosen = [self.choices[k] for k in dict.fromkeys(self.traced[since:])]
+        if not chosen:
+            return None
+        counts = {impl: sum(c.impl == impl for c in chosen) for impl in IMPLS}
+        sources = {s: sum(c.source == s for c in chosen) for s in ("measured", "cached", "pinned")}
+        how = ", ".join(f"{n} {s}" for s, n in sources.items() if n)
+        if self.policy != "measure":
+            how += f" by {POLICY_ENV}"
+        elif self.path is not None:
+            how += f"; cache {self.path}"
+        return f"oneDNN for {counts['onednn']} of {len(chosen)} convolution shapes, XLA for {counts['xla']} ({how})"
+
+
+def cache_path() -> Path:
+    """The cache file for this machine's fingerprint."""
+    directory = os.environ.get(CACHE_ENV) or str(kernels.cache_dir().parent / "conv_autotune")
+    digest = hashlib.sha256(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:16]
+    return Path(directory).expanduser() / f"{digest}.json"
+
+
+@functools.cache
+def _tuner(policy: str, path: Path) -> ConvAutotuner:
+    return ConvAutotuner(path, policy=policy)
+
+
+def default_tuner() -> ConvAutotuner:
+    """The process's tuner for the current ``JAXCOMPOSER_CONV_AUTOTUNE`` and cache: one per (policy, file), so the
+    choices stay fixed for the process's life."""
+    return _tuner(os.environ.get(POLICY_ENV) or "measure", cache_path())
+
+
+def choice(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None, dimension_numbers=None,
+           feature_group_count=1, batch_group_count=1, preferred_element_type=None, out_sharding=None) -> str:
+    """``'onednn'`` or ``'xla'``: what this convolution runs on, as measured (or cached, or pinned) for its shape;
+    ``'xla'`` without measuring where oneDNN cannot run it."""
+    plan = kernels._plan(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+                         feature_group_count, batch_group_count, preferred_element_type)
+    if plan is None or out_sharding is not None or not kernels.available():
+        return "xla"
+    extra, (strides, symmetric, dilation, groups), _, layout = plan
+    pads = tuple((s + lo, s + hi) for s, (lo, hi) in zip(symmetric, extra))
+    spec = ConvSpec(tuple(lhs.shape), tuple(rhs.shape), jax.numpy.dtype(lhs.dtype).name,
+                    (strides, pads, None, dilation, _dn_names(layout), groups, 1))
+    return default_tuner().choose(spec).impl
+
+
+def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                         dimension_numbers=None, feature_group_count=1, batch_group_count=1, precision=None,
+                         preferred_element_type=None, out_sharding=None):
+    """``lax.conv_general_dilated``'s signature and result, on oneDNN or XLA as measured for this shape."""
+    args = (lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
+            batch_group_count)
+    if choice(*args, preferred_element_type=preferred_element_type, out_sharding=out_sharding) == "onednn":
+        return kernels.conv_general_dilated(*args, precision, preferred_element_type)
+    return lax.conv_general_dilated(*args, precision, preferred_element_type, out_sharding=out_sharding)
+
+
+def _dn_names(layout: str) -> tuple:
+    return ("NHWC", "HWIO", "NHWC") if layout == "NHWC" else ("NCHW", "OIHW", "NCHW")
