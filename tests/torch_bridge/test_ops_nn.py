@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_bridge  # noqa: F401  registers the ops
+from torch_bridge import kernels
 from torch_bridge.ops import nn as nn_ops
 from torch_bridge.ops.registry import lookup
 from tests.torch_bridge.parity import LAYER_TOL, assert_close_on_scale, to_jax
@@ -75,7 +76,7 @@ def test_depthwise_convolution_values_and_gradients(shape, wshape, kw, impl, mon
     x, w, b = randn(*shape), randn(*wshape, seed=1), randn(wshape[0], seed=2)
     lowering = lookup(A.conv2d.default).fn
     if impl == "taps":
-        monkeypatch.setattr(nn_ops.kernels, "available", lambda: False)
+        monkeypatch.setattr(kernels, "available", lambda: False)
     called = []
     monkeypatch.setattr(nn_ops, "_depthwise_by_taps", lambda *a, f=nn_ops._depthwise_by_taps: called.append(1) or f(*a))
 

@@ -1,12 +1,13 @@
 """oneDNN's or XLA's convolution, chosen per shape by a measurement at the first trace (``cudnn.benchmark``'s idea).
 
-Which of the two is faster depends on the CPU and the shape: on AVX-512 CPUs oneDNN's small-CNN convolutions take
-about half XLA's time, on AVX2-only CPUs XLA's can take several times oneDNN's, and a wide 1x1 convolution can go
-either way. A fixed default is wrong somewhere, so ``conv_impl='auto'`` (the models' default) and the bridge's
-convolutions call :func:`conv_general_dilated` here: the first time a convolution of a given shape is traced it
-times both implementations (forward and both gradients, jitted alone on random operands, alternated, best of a few
-rounds) and keeps the faster. The choice is remembered in the process and on disk, so later runs on the same
-machine trace without measuring.
+Which of the two is faster depends on the CPU, the shape, and the part of the convolution: on AVX-512 CPUs
+oneDNN's small-CNN convolutions take about half XLA's time, on AVX2-only CPUs XLA's can take several times oneDNN's,
+and a single-channel stem's input gradient (never needed: its input is the data) is slow on oneDNN. A fixed default
+is wrong somewhere, so ``conv_impl='auto'`` (the models' default) and the bridge's convolutions call
+:func:`conv_general_dilated` here: the first time a convolution of a given shape is traced it times its forward,
+its input gradient and its kernel gradient on both implementations (each jitted alone on random operands,
+alternated, best of a few rounds) and runs each part on the faster; mixed parts join in a ``custom_vjp``. The
+choice is remembered in the process and on disk, so later runs on the same machine trace without measuring.
 
 The cache is one JSON file per machine fingerprint (CPU model and flags, ISA caps, cores, thread settings, jax and
 torch versions) under ``$JAXCOMPOSER_CONV_AUTOTUNE_CACHE`` (default ``<kernel cache>/../conv_autotune``, i.e.
@@ -41,6 +42,7 @@ POLICY_ENV = "JAXCOMPOSER_CONV_AUTOTUNE"
 CACHE_ENV = "JAXCOMPOSER_CONV_AUTOTUNE_CACHE"
 POLICIES = ("measure", "xla", "onednn")
 IMPLS = ("onednn", "xla")
+PARTS = ("forward", "input_grad", "kernel_grad")
 # Per implementation: a few rounds of at least this long each, best round kept (timing noise from the other
 # threads of a busy machine only ever adds time).
 ROUND_S = 0.02
@@ -49,12 +51,22 @@ ROUNDS = 3
 
 @dataclass(frozen=True)
 class Choice:
-    """What a convolution shape runs on, and why: ``measured`` here, read from the ``cached`` file, or ``pinned``
-    by ``JAXCOMPOSER_CONV_AUTOTUNE``. Times are milliseconds per forward + both gradients (None when pinned)."""
-    impl: str
-    onednn_ms: float | None = None
-    xla_ms: float | None = None
+    """What each part of a convolution runs on (``'onednn'`` or ``'xla'``): its forward, its input gradient and its
+    kernel gradient, and why: ``measured`` here, read from the ``cached`` file, or ``pinned`` by
+    ``JAXCOMPOSER_CONV_AUTOTUNE``. ``ms``: per part, each implementation's milliseconds (None when pinned)."""
+    forward: str
+    input_grad: str
+    kernel_grad: str
+    ms: dict | None = None
     source: str = "measured"
+
+    @property
+    def parts(self) -> tuple[str, str, str]:
+        return self.forward, self.input_grad, self.kernel_grad
+
+    @classmethod
+    def pinned(cls, impl: str) -> "Choice":
+        return cls(impl, impl, impl, source="pinned")
 
 
 @dataclass(frozen=True)
@@ -77,18 +89,26 @@ class ConvSpec:
         return conv(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dn, groups, batch_groups)
 
 
-def _timed_step(spec: ConvSpec, impl: str):
-    """The jitted forward and both gradients of ``spec`` on ``impl``, compiled."""
-    def step(lhs, rhs, dy):
-        y, pull = jax.vjp(functools.partial(spec.call, impl), lhs, rhs)
-        return (y, *pull(dy))
-    return jax.jit(step)
+def _part(spec: ConvSpec, impl: str, part: str):
+    """``part`` of ``spec`` on ``impl`` alone, jitted: a gradient's jitted function computes no forward (XLA drops
+    the unused value)."""
+    conv = functools.partial(spec.call, impl)
+
+    def run(lhs, rhs, dy):
+        if part == "forward":
+            return conv(lhs, rhs)
+        if part == "input_grad":
+            return jax.vjp(lambda x: conv(x, rhs), lhs)[1](dy)[0]
+        return jax.vjp(lambda w: conv(lhs, w), rhs)[1](dy)[0]
+    return jax.jit(run)
 
 
 def measure(spec: ConvSpec) -> Choice:
-    """Both implementations' best time per forward + both gradients of ``spec``, alternated round by round;
-    the faster one (oneDNN on a tie). Runs on a thread of its own: a convolution is chosen while the step that
-    holds it is being traced, and JAX runs calls eagerly only outside the tracing thread."""
+    """Each part's best time on both implementations, alternated round by round, and the faster per part (oneDNN
+    on a tie). Parts are timed apart because a step does not always need all three (the first layer's input
+    gradient is never used), and either implementation can win any of them. Runs on a thread of its own: a
+    convolution is chosen while the step that holds it is being traced, and JAX runs calls eagerly only outside the
+    tracing thread."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conv-autotune") as pool:
         return pool.submit(_measure_here, spec).result()
 
@@ -100,24 +120,27 @@ def _measure_here(spec: ConvSpec) -> Choice:
     rhs = rng.standard_normal(spec.rhs_shape, np.float32).astype(dtype)
     out = jax.eval_shape(functools.partial(spec.call, "xla"), lhs, rhs)
     dy = rng.standard_normal(out.shape, np.float32).astype(dtype)
-    steps = {impl: _timed_step(spec, impl) for impl in IMPLS}
-    reps = {}
-    for impl, step in steps.items():  # compile and warm up; size each round to ROUND_S
-        jax.block_until_ready(step(lhs, rhs, dy))
-        start = time.perf_counter()
-        jax.block_until_ready(step(lhs, rhs, dy))
-        reps[impl] = max(1, min(1000, int(ROUND_S / max(time.perf_counter() - start, 1e-6))))
-    best = {impl: float("inf") for impl in IMPLS}
-    for _ in range(ROUNDS):
-        for impl, step in steps.items():
+    chosen, ms = [], {}
+    for part in PARTS:
+        runs = {impl: _part(spec, impl, part) for impl in IMPLS}
+        reps = {}
+        for impl, run in runs.items():  # compile and warm up; size each round to ROUND_S
+            jax.block_until_ready(run(lhs, rhs, dy))
             start = time.perf_counter()
-            for _ in range(reps[impl]):
-                result = step(lhs, rhs, dy)
-            jax.block_until_ready(result)
-            best[impl] = min(best[impl], (time.perf_counter() - start) / reps[impl])
+            jax.block_until_ready(run(lhs, rhs, dy))
+            reps[impl] = max(1, min(1000, int(ROUND_S / max(time.perf_counter() - start, 1e-6))))
+        best = {impl: float("inf") for impl in IMPLS}
+        for _ in range(ROUNDS):
+            for impl, run in runs.items():
+                start = time.perf_counter()
+                for _ in range(reps[impl]):
+                    result = run(lhs, rhs, dy)
+                jax.block_until_ready(result)
+                best[impl] = min(best[impl], (time.perf_counter() - start) / reps[impl])
+        chosen.append("onednn" if best["onednn"] <= best["xla"] else "xla")
+        ms[part] = {impl: round(t * 1e3, 4) for impl, t in best.items()}
     kernels.release_openmp_team()
-    impl = "onednn" if best["onednn"] <= best["xla"] else "xla"
-    return Choice(impl, round(best["onednn"] * 1e3, 4), round(best["xla"] * 1e3, 4))
+    return Choice(*chosen, ms=ms)
 
 
 def fingerprint() -> dict:
@@ -161,7 +184,7 @@ class ConvAutotuner:
     def choose(self, spec: ConvSpec) -> Choice:
         with self._lock:
             if spec.key not in self.choices:
-                self.choices[spec.key] = (Choice(self.policy, source="pinned") if self.policy != "measure"
+                self.choices[spec.key] = (Choice.pinned(self.policy) if self.policy != "measure"
                                           else self._from_file_or_measured(spec))
             self.traced.append(spec.key)
             return self.choices[spec.key]
@@ -173,8 +196,10 @@ class ConvAutotuner:
         with open(self.path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one measurer per shape among the processes sharing the file
             entries = self._read()
-            if spec.key in entries:
+            try:
                 return Choice(**{**entries[spec.key], "source": "cached"})
+            except (KeyError, TypeError):  # not measured yet, or written in another format: measure it now
+                pass
             choice = self._measure(spec)
             entries[spec.key] = {k: v for k, v in asdict(choice).items() if k != "source"}
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
@@ -190,18 +215,19 @@ class ConvAutotuner:
 
     def summary(self, since: int = 0) -> str | None:
         """The choices of the convolutions traced since ``len(traced)`` was ``since``, in words: how many shapes run
-        on each implementation, and how that was decided. None when none was traced."""
+        each part on oneDNN, and how that was decided. None when none was traced."""
         chosen = [self.choices[k] for k in dict.fromkeys(self.traced[since:])]
         if not chosen:
             return None
-        counts = {impl: sum(c.impl == impl for c in chosen) for impl in IMPLS}
         sources = {s: sum(c.source == s for c in chosen) for s in ("measured", "cached", "pinned")}
         how = ", ".join(f"{n} {s}" for s, n in sources.items() if n)
         if self.policy != "measure":
             how += f" by {POLICY_ENV}"
         elif self.path is not None:
             how += f"; cache {self.path}"
-        return f"oneDNN for {counts['onednn']} of {len(chosen)} convolution shapes, XLA for {counts['xla']} ({how})"
+        onednn = [sum(c.parts[i] == "onednn" for c in chosen) for i in range(3)]
+        return (f"oneDNN for {onednn[0]} forward, {onednn[1]} input-gradient and {onednn[2]} kernel-gradient "
+                f"convolutions of {len(chosen)} shapes, XLA for the rest ({how})")
 
 
 def cache_path() -> Path:
@@ -223,29 +249,49 @@ def default_tuner() -> ConvAutotuner:
 
 
 def choice(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None, dimension_numbers=None,
-           feature_group_count=1, batch_group_count=1, preferred_element_type=None, out_sharding=None) -> str:
-    """``'onednn'`` or ``'xla'``: what this convolution runs on, as measured (or cached, or pinned) for its shape;
-    ``'xla'`` without measuring where oneDNN cannot run it."""
+           feature_group_count=1, batch_group_count=1, preferred_element_type=None, out_sharding=None) -> Choice | None:
+    """What this convolution's parts run on, as measured (or cached, or pinned) for its shape; None (XLA's, without
+    measuring) where oneDNN cannot run it."""
     plan = kernels._plan(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
                          feature_group_count, batch_group_count, preferred_element_type)
     if plan is None or out_sharding is not None or not kernels.available():
-        return "xla"
+        return None
     extra, (strides, symmetric, dilation, groups), _, layout = plan
     pads = tuple((s + lo, s + hi) for s, (lo, hi) in zip(symmetric, extra))
     spec = ConvSpec(tuple(lhs.shape), tuple(rhs.shape), jax.numpy.dtype(lhs.dtype).name,
                     (strides, pads, None, dilation, _dn_names(layout), groups, 1))
-    return default_tuner().choose(spec).impl
+    return default_tuner().choose(spec)
 
 
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
                          dimension_numbers=None, feature_group_count=1, batch_group_count=1, precision=None,
                          preferred_element_type=None, out_sharding=None):
-    """``lax.conv_general_dilated``'s signature and result, on oneDNN or XLA as measured for this shape."""
-    args = (lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
-            batch_group_count)
-    if choice(*args, preferred_element_type=preferred_element_type, out_sharding=out_sharding) == "onednn":
-        return kernels.conv_general_dilated(*args, precision, preferred_element_type)
-    return lax.conv_general_dilated(*args, precision, preferred_element_type, out_sharding=out_sharding)
+    """``lax.conv_general_dilated``'s signature and result; its forward and each gradient on oneDNN or XLA, as
+    measured for this shape."""
+    args = (window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
+            batch_group_count, precision, preferred_element_type)
+    impls = {"onednn": lambda x, w: kernels.conv_general_dilated(x, w, *args),
+             "xla": lambda x, w: lax.conv_general_dilated(x, w, *args, out_sharding=out_sharding)}
+    chosen = choice(lhs, rhs, *args[:7], preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+    parts = ("xla",) * 3 if chosen is None else chosen.parts
+    if len(set(parts)) == 1:
+        return impls[parts[0]](lhs, rhs)
+    forward, input_grad, kernel_grad = (impls[p] for p in parts)
+
+    @jax.custom_vjp
+    def conv(x, w):
+        return forward(x, w)
+
+    def conv_fwd(x, w):
+        return forward(x, w), (x, w)
+
+    def conv_bwd(residuals, dy):
+        x, w = residuals
+        # each gradient's own forward is unused, so XLA drops it; an unused gradient (the image's) is dropped too
+        return (jax.vjp(lambda x: input_grad(x, w), x)[1](dy)[0], jax.vjp(lambda w: kernel_grad(x, w), w)[1](dy)[0])
+
+    conv.defvjp(conv_fwd, conv_bwd)
+    return conv(lhs, rhs)
 
 
 def _dn_names(layout: str) -> tuple:
