@@ -28,7 +28,7 @@ def host_facts(**extra) -> dict:
         "cpu_count": os.cpu_count(),
         "sched_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
+        "python": platform.python_version(), "cpu": cpu_facts(),
         **{name: version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch", "jaxcomposer")},
         "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         # the allocator changes step times (jemalloc's default returns large blocks at once: 1.7x slower steps)
@@ -36,6 +36,29 @@ def host_facts(**extra) -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     return {**facts, **extra}
+
+
+def cpu_facts() -> dict:
+    """The CPU's model and vector ISA class (AVX2, AVX-512, AVX-512 with bf16), and any ISA cap in the environment:
+    the same code runs up to several times faster or slower across these, so an absolute time names them."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                model = value.strip()
+            elif name.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    isa = ("AVX-512 with bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else "older than AVX2" if flags else "unknown")
+    caps = {name: os.environ[name] for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if name in os.environ}
+    xla_caps = [f for f in os.environ.get("XLA_FLAGS", "").split() if "max_isa" in f]
+    if xla_caps:
+        caps["XLA_FLAGS"] = " ".join(xla_caps)
+    return {"model": model, "isa": isa, "isa_caps": caps}
 
 
 def machine_facts(**extra) -> dict:
