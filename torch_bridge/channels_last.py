@@ -90,10 +90,11 @@ def _conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     pads = nn_ops.conv_pads(padding, w.shape[2:], dilation)
     whwio = w.transpose(2, 3, 1, 0)
     dn = ("NHWC", "HWIO", "NHWC")
-    if xp.dtype == jnp.float32 and nn_ops._on_onednn(autotune.choice(
-            xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups)):
-        y = autotune.conv_general_dilated(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
-                                          feature_group_count=groups)
+    chosen = autotune.choice(xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                             feature_group_count=groups) if xp.dtype == jnp.float32 else None
+    if chosen is not None and chosen.uses_onednn:
+        y = autotune.convolve(chosen, xp, whwio, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                              feature_group_count=groups)
     elif nn_ops._depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
         return DECLINED  # the NCHW lowering's shifted-slices depthwise beats XLA:CPU's grouped convolution
     else:

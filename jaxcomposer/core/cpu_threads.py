@@ -4,11 +4,10 @@ A model built with ``conv_impl='onednn'`` (or ``'auto'``, which may choose it) r
 whose OpenMP team holds one thread per core and keeps them spinning for a while after every convolution (spinning is
 what makes its next parallel region start at once). Between convolutions XLA:CPU runs the step's other kernels on
 its own pool, also one thread per core. On a small machine the two then share the cores: XLA's threads run beside a
-spinning OpenMP thread, and the kernel scheduler hands each a time slice. On 2 cores the spinning took ~30% of the
-process's CPU samples (``perf``) and the quickstart's ``fit`` ran 13.1-14.5 ms per step against 11.2-13.0 ms with a
-single XLA thread (6 interleaved process pairs; ResNet-8: 31-37 against 28 ms). Making OpenMP spin less was slower
-still (``GOMP_SPINCOUNT`` 3,000 or 30,000, ``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the
-spinning.
+spinning OpenMP thread, and the kernel scheduler hands each a time slice. On 2 cores the spinning took a large share
+of the process's CPU samples (``perf``), and one XLA thread made the steps faster (``docs/design.md`` has the
+measurements). Making OpenMP spin less was slower still (``GOMP_SPINCOUNT`` 3,000 or 30,000,
+``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the spinning.
 
 XLA reads the pool's size once, from ``PJRT_NPROC``, when it creates its CPU client (the first array, compile or
 device query of the process), so this can only be arranged before that: ``jaxcomposer fit`` and

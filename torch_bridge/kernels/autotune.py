@@ -1,8 +1,8 @@
 """oneDNN's or XLA's convolution, chosen per shape by a measurement at the first trace (``cudnn.benchmark``'s idea).
 
-Which of the two is faster depends on the CPU, the shape, and the part of the convolution: on AVX-512 CPUs
-oneDNN's small-CNN convolutions take about half XLA's time, on AVX2-only CPUs XLA's can take several times oneDNN's,
-and a single-channel stem's input gradient (never needed: its input is the data) is slow on oneDNN. A fixed default
+Which of the two is faster depends on the CPU (its vector ISA above all), the shape, and the part of the
+convolution: oneDNN usually wins the forward and the kernel gradient of small CNNs, by more on CPUs without AVX-512,
+while a single-channel stem's input gradient (never needed: its input is the data) is slow on oneDNN. A fixed default
 is wrong somewhere, so ``conv_impl='auto'`` (the models' default) and the bridge's convolutions call
 :func:`conv_general_dilated` here: the first time a convolution of a given shape is traced it times its forward,
 its input gradient and its kernel gradient on both implementations (each jitted alone on random operands,
@@ -63,6 +63,10 @@ class Choice:
     @property
     def parts(self) -> tuple[str, str, str]:
         return self.forward, self.input_grad, self.kernel_grad
+
+    @property
+    def uses_onednn(self) -> bool:
+        return "onednn" in self.parts
 
     @classmethod
     def pinned(cls, impl: str) -> "Choice":
@@ -145,11 +149,19 @@ def _measure_here(spec: ConvSpec) -> Choice:
 
 def fingerprint() -> dict:
     """What a measurement depends on besides the shape: the CPU, what caps its ISA, the threads, the versions."""
+    env = {name: os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                                     "PJRT_NPROC", "NPROC", "OMP_NUM_THREADS")}
+    env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "isa" in f) or None
+    return {**_machine(), "env": env}
+
+
+@functools.cache
+def _machine() -> dict:
+    """The fingerprint's fixed part, read once per process (every traced convolution asks for its cache file)."""
     import importlib.metadata as md
     cpu = {"model": platform.processor() or platform.machine(), "flags": ""}
     try:
-        info = Path("/proc/cpuinfo").read_text()
-        for line in info.splitlines():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             name, _, value = line.partition(":")
             if name.strip() == "model name":
                 cpu["model"] = value.strip()
@@ -158,15 +170,11 @@ def fingerprint() -> dict:
                 break
     except OSError:
         pass
-    env = {name: os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
-                                                     "PJRT_NPROC", "NPROC", "OMP_NUM_THREADS")}
-    env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "isa" in f) or None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    versions = {name: md.version(name) for name in ("jax", "jaxlib", "torch")}
-    return {"cpu": cpu, "env": env, "cores": cores, "versions": versions}
+    return {"cpu": cpu, "cores": cores, "versions": {name: md.version(name) for name in ("jax", "jaxlib", "torch")}}
 
 
 class ConvAutotuner:
@@ -270,9 +278,19 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, r
     measured for this shape."""
     args = (window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
             batch_group_count, precision, preferred_element_type)
+    chosen = choice(lhs, rhs, *args[:7], preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+    return convolve(chosen, lhs, rhs, *args, out_sharding=out_sharding)
+
+
+def convolve(chosen: Choice | None, lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+             dimension_numbers=None, feature_group_count=1, batch_group_count=1, precision=None,
+             preferred_element_type=None, out_sharding=None):
+    """The convolution with each part where ``chosen`` says (None: all on XLA): callers that looked at the
+    :func:`choice` first (the bridge, which has a path of its own for XLA's depthwise convolutions) run it here."""
+    args = (window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
+            batch_group_count, precision, preferred_element_type)
     impls = {"onednn": lambda x, w: kernels.conv_general_dilated(x, w, *args),
              "xla": lambda x, w: lax.conv_general_dilated(x, w, *args, out_sharding=out_sharding)}
-    chosen = choice(lhs, rhs, *args[:7], preferred_element_type=preferred_element_type, out_sharding=out_sharding)
     parts = ("xla",) * 3 if chosen is None else chosen.parts
     if len(set(parts)) == 1:
         return impls[parts[0]](lhs, rhs)

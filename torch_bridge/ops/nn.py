@@ -74,11 +74,12 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
                       conv_layout=conv_layout)
     else:
         pads = conv_pads(padding, k, dilation)
-        if nd == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32 and _on_onednn(autotune.choice(
-                x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups)):
+        chosen = autotune.choice(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                 feature_group_count=groups) if nd == 2 and x.dtype == w.dtype == jnp.float32 else None
+        if chosen is not None and chosen.uses_onednn:
             # oneDNN on CPU where it measured faster for this shape (torch's own kernels; channels-last inside)
-            y = autotune.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
-                                              feature_group_count=groups)
+            y = autotune.convolve(chosen, x, w, stride, pads, rhs_dilation=dilation, dimension_numbers=dn,
+                                  feature_group_count=groups)
         elif _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation):
             y = _depthwise_by_taps(x, w, stride, pads, dilation)
         else:
@@ -86,12 +87,6 @@ def convolution(x, w, b, stride, padding, dilation, transposed, output_padding, 
     if b is not None:
         y = y + _channel(b, y.ndim)
     return y[0] if unbatched else y
-
-
-def _on_onednn(choice) -> bool:
-    """Some part of the convolution runs on oneDNN (``autotune.choice``); else the lowerings below, which include
-    a depthwise path faster than XLA's grouped convolution."""
-    return choice is not None and "onednn" in choice.parts
 
 
 def conv_pads(padding, kernel: tuple, dilation: tuple) -> list[tuple[int, int]]:
