@@ -128,6 +128,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
     ap.add_argument("--durations", type=float, nargs="+", default=[1, 2, 3, 4], help="schedule lengths in epochs")
+    ap.add_argument("--baseline-durations", type=float, nargs="+", default=None,
+                    help="the baseline's schedule lengths, when not --durations (its curve is only needed near the "
+                         "target: often just its full schedule, whose quality is the target)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[17, 18, 19])
     ap.add_argument("--target", type=float, default=0.91)
     ap.add_argument("--metric", default="MulticlassAccuracy", help="the eval metric to reach the target in")
@@ -158,16 +161,22 @@ def main(argv=None) -> int:
     from jaxcomposer.runner import loaders_from_config
     probe, _ = configs(args.config, "1ep", args.seeds[0], args.smoke)
     spe = len(loaders_from_config(probe)[0])
-    durations = ["3ba", "6ba"] if args.smoke else [in_batches(e, spe) for e in args.durations]
-    runs = {"baseline": {d: [] for d in durations}, "recipe": {d: [] for d in durations}}
+    recipe_durations = ["3ba", "6ba"] if args.smoke else [in_batches(e, spe) for e in args.durations]
+    baseline_durations = recipe_durations if args.smoke or args.baseline_durations is None else \
+        [in_batches(e, spe) for e in args.baseline_durations]
+    runs = {"baseline": {d: [] for d in baseline_durations}, "recipe": {d: [] for d in recipe_durations}}
+    batches = lambda d: float(d[:-2]) * (spe if d.endswith("ep") else 1)  # noqa: E731
+    durations = sorted(set(baseline_durations) | set(recipe_durations), key=batches)
     for duration in durations:
+        sides_here = [label for label in runs if duration in runs[label]]
         # the schedule's length is compiled into the step: fill the cache for both sides before timing them
-        for cfg in configs(args.config, duration, args.seeds[0], args.smoke):
-            train(cfg, args.metric, stop_after=2)
+        for label, cfg in zip(runs, configs(args.config, duration, args.seeds[0], args.smoke)):
+            if label in sides_here:
+                train(cfg, args.metric, stop_after=2)
         for i, seed in enumerate(args.seeds):
             baseline, recipe = configs(args.config, duration, seed, args.smoke)
             order = [("baseline", baseline), ("recipe", recipe)][:: 1 if i % 2 == 0 else -1]
-            for label, cfg in order:
+            for label, cfg in (o for o in order if o[0] in sides_here):
                 r = train(cfg, args.metric)
                 runs[label][duration].append({"seed": seed, **r})
                 print(f"{label:<9} {duration:>7} seed {seed}: {args.metric} {r['score']:.4f} in {r['train_s']:.1f} s",
@@ -194,7 +203,8 @@ def main(argv=None) -> int:
                                "batch_size": recipe_cfg.data.batch_size, "steps_per_epoch": spe,
                                "optimizer": recipe_cfg.optimizer, "schedulers": recipe_cfg.schedulers,
                                "recipe_algorithms": recipe_cfg.algorithms, "seeds": args.seeds,
-                               "durations": durations, "target": args.target, "metric": args.metric,
+                               "durations": {"baseline": baseline_durations, "recipe": recipe_durations},
+                               "target": args.target, "metric": args.metric,
                                "mode": args.mode},
                      "sides": sides, "speedup_to_target": speedup, "title": title}, indent=1)
     plot(sides, args.target, out.with_suffix(".png"), title, f"final {args.metric}", args.mode)
