@@ -6,6 +6,8 @@ training time: a method pays when its curve lies left of the baseline's. This sc
 with ``algorithms`` emptied (same model, data, optimizer, schedule, seed). For every duration in ``--durations``
 (epochs, fractions allowed: a full cosine schedule of that length each time) and every seed, both are trained once,
 interleaved (baseline then recipe, the order alternating by seed), so a machine whose speed drifts slows both alike.
+``--baseline-durations`` gives the baseline its own lengths: its quality at its full schedule is usually the target,
+which its shorter schedules cannot reach, so only that one need be run.
 
 - training time: from the start of ``fit`` to the last batch's result (``block_until_ready``), evaluation excluded,
   compile included. The persistent compilation cache is on (as ``jaxcomposer fit`` runs), and a 2-batch warm-up
@@ -21,10 +23,11 @@ interleaved (baseline then recipe, the order alternating by seed), so a machine 
 
 Writes ``benchmarks/results/recipe_pareto.json`` (or ``--out``) and a PNG beside it (score against time, one curve
 per side, the seeds as dots); prints a table last. ``--smoke`` runs two tiny durations of a few batches (numbers mean
-nothing). Run on a quiet machine; ~2 minutes per (duration x seed x side) epoch on 2 cores.
+nothing). Run on a quiet machine.
 
 Run:  .venv/bin/python benchmarks/recipe_pareto.py [--config configs/quickstart.yaml] [--durations 1 2 3 4]
-                                                   [--seeds 17 18 19] [--target 0.91] [--metric M --mode max|min]
+                                                   [--baseline-durations 4] [--seeds 17 18 19] [--target 0.91]
+                                                   [--metric M --mode max|min]
 """
 from __future__ import annotations
 
@@ -165,8 +168,8 @@ def main(argv=None) -> int:
     baseline_durations = recipe_durations if args.smoke or args.baseline_durations is None else \
         [in_batches(e, spe) for e in args.baseline_durations]
     runs = {"baseline": {d: [] for d in baseline_durations}, "recipe": {d: [] for d in recipe_durations}}
-    batches = lambda d: float(d[:-2]) * (spe if d.endswith("ep") else 1)  # noqa: E731
-    durations = sorted(set(baseline_durations) | set(recipe_durations), key=batches)
+    durations = sorted(set(baseline_durations) | set(recipe_durations),
+                       key=lambda d: float(d[:-2]) * (spe if d.endswith("ep") else 1))  # in batches
     for duration in durations:
         sides_here = [label for label in runs if duration in runs[label]]
         # the schedule's length is compiled into the step: fill the cache for both sides before timing them
