@@ -7,6 +7,7 @@ work as with eager imports.
 import importlib
 
 _HOMES = {  # public name -> the module that defines it
+    "Algorithm": "jaxcomposer.core.algorithm",
     "Callback": "jaxcomposer.core.events", "Event": "jaxcomposer.core.events", "RunState": "jaxcomposer.core.events",
     "Method": "jaxcomposer.core.method", "ModelView": "jaxcomposer.core.method", "PostStep": "jaxcomposer.core.method",
     "RunInfo": "jaxcomposer.core.method", "StepCtx": "jaxcomposer.core.method", "compose": "jaxcomposer.core.method",

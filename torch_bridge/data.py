@@ -205,6 +205,7 @@ class DataLoaderWrapper:
         if isinstance(keys, str) or not keys or not all(isinstance(k, str) for k in keys):
             raise ValueError(f"keys must be a non-empty sequence of str, got {keys!r}")
         self.dataloader, self.keys = dl, tuple(keys)
+        self.yields_pairs: bool | None = None  # whether the DataLoader's batches are sequences (known once read)
         self.batch_size = dl.batch_size if dl.batch_size is not None else getattr(dl.batch_sampler, "batch_size", None)
         self._epoch = self._batch_index = 0
         if dl.num_workers > 0 and _start_method(dl) == "fork" and "jax" in sys.modules:
@@ -275,6 +276,7 @@ class DataLoaderWrapper:
             if i < skip:
                 continue
             batch = to_numpy(raw, self.keys)
+            self.yields_pairs = isinstance(raw, (tuple, list))  # what a Composer algorithm sees as state.batch
             kernels.release_openmp_team()  # the collate's OpenMP team would slow the oneDNN convolutions' own
             self._epoch, self._batch_index = (epoch + 1, 0) if n is not None and i + 1 == n else (epoch, i + 1)
             yield batch

@@ -5,7 +5,7 @@ import glob
 from pathlib import Path
 from typing import Any, Sequence
 
-from jaxcomposer.core.events import Callback, Event
+from jaxcomposer.core.events import CALLBACK_EVENTS, Callback, Event
 
 __all__ = ["LoadCheckpoint"]
 
@@ -90,8 +90,9 @@ def _parse_event(event: Any) -> Event:
         lowered = name.lower()
         if lowered in _COMPOSER_LOAD_EVENTS:
             return Event.INIT
-        for candidate in Event:
+        for candidate in CALLBACK_EVENTS:
             if lowered in (candidate.value, candidate.name.lower()):
                 return candidate
-    raise ValueError(f"LoadCheckpoint: event must be one of {[e.value for e in Event] + list(_COMPOSER_LOAD_EVENTS)}, "
+    names = [e.value for e in CALLBACK_EVENTS] + list(_COMPOSER_LOAD_EVENTS)
+    raise ValueError(f"LoadCheckpoint: event must be one of {names}, "
                      f"got {event!r}")

@@ -1,5 +1,5 @@
-"""Composer's ``composer.core`` names: ``State``, ``Event``, ``Time``, ``Timestamp``, ``TimeUnit``, ``Callback``,
-``Evaluator``, ``DataSpec``, ``Precision``.
+"""Composer's ``composer.core`` names: ``Algorithm``, ``State``, ``Event``, ``Time``, ``Timestamp``, ``TimeUnit``,
+``Callback``, ``Evaluator``, ``DataSpec``, ``Precision``.
 
 Loaded on first use (PEP 562), so importing a submodule such as ``jaxcomposer.core.time`` stays cheap and free of
 import cycles. ``State`` is :class:`~jaxcomposer.core.events.RunState`, what callbacks receive.
@@ -7,6 +7,7 @@ import cycles. ``State`` is :class:`~jaxcomposer.core.events.RunState`, what cal
 import importlib
 
 _HOMES = {  # public name -> (module, attribute)
+    "Algorithm": ("jaxcomposer.core.algorithm", "Algorithm"),
     "State": ("jaxcomposer.core.events", "RunState"), "Event": ("jaxcomposer.core.events", "Event"),
     "Callback": ("jaxcomposer.core.events", "Callback"),
     "Time": ("jaxcomposer.core.time", "Time"), "Timestamp": ("jaxcomposer.core.time", "Timestamp"),

@@ -1,7 +1,8 @@
 """Host events, the ``Callback`` protocol and ``RunState``, the view of a run that callbacks and loggers get.
 
-In-step events (Composer's BEFORE_FORWARD ... AFTER_BACKWARD) do not exist here: they are slots of ``Method``
-composed inside the jitted step. What remains are events between steps, fired on the host in Composer's order.
+Events between steps are fired on the host in Composer's order. The events inside a train step (Composer's
+AFTER_DATALOADER ... AFTER_TRAIN_BATCH) are compiled into the step: slots of a ``Method``, or a user's ``Algorithm``
+traced by ``jaxcomposer/core/algorithm_engine.py``.
 """
 from __future__ import annotations
 
@@ -13,23 +14,88 @@ from jaxcomposer.core.time import Time, Timestamp
 
 
 class Event(enum.Enum):
+    """Composer's events, in the order a run fires them (``composer.core.Event``; the same values).
+
+    The Trainer fires the host events to callbacks and algorithms. The events inside a train step
+    (:data:`IN_STEP_EVENTS`) reach a user's :class:`~jaxcomposer.core.algorithm.Algorithm` inside the compiled step
+    (``jaxcomposer/core/algorithm_engine.py``); built-in methods hold them as slots."""
+
     INIT = "init"
+    BEFORE_LOAD = "before_load"
+    AFTER_LOAD = "after_load"
     FIT_START = "fit_start"
+    ITERATION_START = "iteration_start"
     EPOCH_START = "epoch_start"
+    BEFORE_DATALOADER = "before_dataloader"
+    AFTER_DATALOADER = "after_dataloader"
     BATCH_START = "batch_start"
+    BEFORE_TRAIN_BATCH = "before_train_batch"
+    BEFORE_FORWARD = "before_forward"
+    AFTER_FORWARD = "after_forward"
+    BEFORE_LOSS = "before_loss"
+    AFTER_LOSS = "after_loss"
+    BEFORE_BACKWARD = "before_backward"
+    AFTER_BACKWARD = "after_backward"
+    AFTER_TRAIN_BATCH = "after_train_batch"
     BATCH_END = "batch_end"
+    BATCH_CHECKPOINT = "batch_checkpoint"
     EPOCH_END = "epoch_end"
+    EPOCH_CHECKPOINT = "epoch_checkpoint"
+    ITERATION_END = "iteration_end"
+    ITERATION_CHECKPOINT = "iteration_checkpoint"
     FIT_END = "fit_end"
+    EVAL_BEFORE_ALL = "eval_before_all"
     EVAL_START = "eval_start"
+    EVAL_BATCH_START = "eval_batch_start"
+    EVAL_BEFORE_FORWARD = "eval_before_forward"
+    EVAL_AFTER_FORWARD = "eval_after_forward"
     EVAL_BATCH_END = "eval_batch_end"
     EVAL_END = "eval_end"
+    EVAL_AFTER_ALL = "eval_after_all"
+    EVAL_STANDALONE_START = "eval_standalone_start"
+    EVAL_STANDALONE_END = "eval_standalone_end"
     PREDICT_START = "predict_start"
+    PREDICT_BATCH_START = "predict_batch_start"
+    PREDICT_BEFORE_FORWARD = "predict_before_forward"
+    PREDICT_AFTER_FORWARD = "predict_after_forward"
     PREDICT_BATCH_END = "predict_batch_end"
     PREDICT_END = "predict_end"
 
     @property
     def is_eval(self) -> bool:
         return self.value.startswith("eval")
+
+    @property
+    def is_predict(self) -> bool:
+        return self.value.startswith("predict")
+
+    @property
+    def is_before_event(self) -> bool:
+        return self.value.startswith("before") or self.value.endswith("_start")
+
+    @property
+    def is_after_event(self) -> bool:
+        return self.value.startswith("after") or self.value.endswith("_end")
+
+    @property
+    def canonical_name(self) -> str:
+        """The event's name without ``before_``/``after_``/``_start``/``_end`` (Composer's, for pairing events)."""
+        name = self.value
+        for affix in ("before_", "after_"):
+            name = name.removeprefix(affix)
+        for affix in ("_start", "_end"):
+            name = name.removesuffix(affix)
+        return name
+
+
+# the events the Trainer fires to callbacks and loggers (and to users' algorithms, with IN_STEP_EVENTS)
+CALLBACK_EVENTS = (Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.BATCH_START, Event.BATCH_END,
+                   Event.EPOCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_BATCH_END, Event.EVAL_END,
+                   Event.PREDICT_START, Event.PREDICT_BATCH_END, Event.PREDICT_END)
+# the events inside one train step, in the order the step passes them (Composer: between BEFORE_TRAIN_BATCH and
+# BATCH_END; the forward-to-backward ones once per microbatch there)
+IN_STEP_EVENTS = (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS,
+                  Event.AFTER_LOSS, Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH)
 
 
 @dataclasses.dataclass(frozen=True)

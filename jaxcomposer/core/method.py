@@ -86,7 +86,10 @@ class StepCtx(NamedTuple):
     clock"). ``key`` is this method's own key for this step (``fold_in(fold_in(run key, step), name)``; in the
     host ``data`` slot, a ``numpy.random.Generator`` seeded from (seed, epoch, batch, name)). ``stage`` is the value
     this method's ``stage`` slot returned for this step (static). ``run`` holds the static :class:`RunInfo`;
-    ``model`` the :class:`ModelView`.
+    ``model`` the :class:`ModelView`. ``host`` is this method's values computed on the host for this step and passed
+    into it as arguments (traced; the users' algorithms' captured arrays), None for most methods. ``emit(name,
+    value)`` (in the train step, outside the differentiated function) adds a value the step returns in
+    ``metrics['logs']``, which the Trainer logs after the step.
     """
 
     step: Any = 0
@@ -94,6 +97,8 @@ class StepCtx(NamedTuple):
     stage: Hashable = None
     run: RunInfo = RunInfo()
     model: ModelView = ModelView()
+    host: Any = None
+    emit: Callable[[str, Any], None] | None = None
 
     @property
     def progress(self):
@@ -187,7 +192,8 @@ class Composed:
         """``ctx`` as method ``m`` sees it: its own key and its own stage."""
         stage = dict(ctx.stage).get(m.name) if isinstance(ctx.stage, tuple) else None
         key = None if ctx.key is None else jax.random.fold_in(ctx.key, name_hash(m.name))
-        return ctx._replace(key=key, stage=stage)
+        host = ctx.host.get(m.name) if isinstance(ctx.host, dict) else None
+        return ctx._replace(key=key, stage=stage, host=host)
 
     def apply_model(self, task, ctx: StepCtx):
         for m, f in self._each("model"):

@@ -130,8 +130,10 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
                     model_view: ModelView = ModelView(), batch_transform: Callable | None = None,
                     microbatch_transform: Callable | None = None, layer_norms: bool = False,
                     train_metrics: Mapping[str, Metric] | None = None) -> Callable:
-    """``train_step(state, batch, stage, host_lr) -> (state, metrics)``, pure; the caller jits it (see
+    """``train_step(state, batch, stage, host_lr, host) -> (state, metrics)``, pure; the caller jits it (see
     ``jit_train_step``). ``host_lr`` multiplies the LR (function schedulers evaluated on the host; 1.0 without).
+    ``host`` is ``{method name: values computed on the host for this step}`` (``StepCtx.host``; None without); what
+    methods ``emit`` comes back as ``metrics['logs']``.
 
     ``build_tx(ctx)`` builds the step's optimizer (:func:`make_base_tx`); ``model_view`` is what the methods see of
     the model (its memoized param order and its layout; the step adds ``per_example_loss``). ``grad_shardings``
@@ -146,9 +148,10 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
     weights before the update, on the batch as the methods left it."""
     data_sharding = parallel.batch_sharding(mesh, leading=1) if mesh is not None else None
 
-    def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0):
+    def train_step(state: TrainState, batch: dict, stage=None, host_lr=1.0, host=None):
+        logs: dict = {}  # what the methods emit in this trace, returned as metrics['logs']
         ctx = StepCtx(step=state.step, key=jax.random.fold_in(state.key, state.step), stage=stage, run=run,
-                      model=model_view)
+                      model=model_view, host=host, emit=logs.__setitem__)
         loss_fn = composed.wrap_loss(task.loss, ctx)
         per_example_loss = make_per_example_loss(task, loss_fn, precision, microbatch_transform)
         ctx = ctx._replace(model=ctx.model._replace(per_example_loss=per_example_loss))
@@ -175,6 +178,8 @@ def make_train_step(task, build_tx: Callable, composed: Composed, run: RunInfo, 
                            (state.params, state.model_state, state.opt_state, state.extras))
         new_state = TrainState(state.step + 1, *kept, state.key)
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+        if logs:
+            metrics["logs"] = logs
         if train_metrics:
             metrics["train_metrics"] = _train_metric_sums(task, train_metrics, precision, microbatch_transform,
                                                           state, batch, forward_key)
@@ -286,11 +291,12 @@ class _CollectorPaused:
         return getattr(self.fn, name)
 
 
-def jit_train_step(train_step: Callable, mesh, state_shardings) -> Callable:
+def jit_train_step(train_step: Callable, mesh, state_shardings, host_args: int = 1) -> Callable:
     """Jit with the state laid out by ``state_shardings`` (``jaxcomposer.parallel``), the batch split over the
-    mesh's batch axes, and the old state's buffers donated."""
+    mesh's batch axes, the ``host_args`` arguments after the static stage replicated, and the old state's buffers
+    donated."""
     rep = parallel.replicated(mesh)
-    return jax.jit(train_step, in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep),
+    return jax.jit(train_step, in_shardings=(state_shardings, parallel.batch_sharding(mesh)) + (rep,) * host_args,
                    out_shardings=(state_shardings, rep), donate_argnums=0, static_argnums=2)
 
 

@@ -28,7 +28,9 @@ from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
 from jaxcomposer.core.events import Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
-from jaxcomposer.core.method import ModelView, RunInfo, StepCtx, compose
+from jaxcomposer.core.algorithm import is_algorithm
+from jaxcomposer.core.algorithm_engine import NAME as ENGINE_NAME, AlgorithmEngine
+from jaxcomposer.core.method import Method, ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
 from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
 from jaxcomposer.data import data_spec
@@ -114,7 +116,7 @@ class Trainer(ReadsPlan):
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
         # a DataSpec (Composer's): its transforms run inside the compiled steps, its counters on the host
-        user_train_dataloader = train_dataloader
+        user_train_dataloader = self._user_train_loader = train_dataloader
         train_dataloader, self._train_spec = data_spec.unwrap(train_dataloader)
         train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         self.eval_interval = options.parse_interval(a.eval_interval, "eval_interval")
@@ -130,6 +132,20 @@ class Trainer(ReadsPlan):
                                      "(as in Composer), so pass schedulers=... too.")
         max_duration = None if a.max_duration is None else \
             _scale(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
+        # users' Composer Algorithms (match/apply) run through one engine, a Method among the built-in ones
+        user_algorithms = list(algorithms) if isinstance(algorithms, (list, tuple)) else \
+            [] if algorithms is None else [algorithms]
+        self.engine = None
+        if any(is_algorithm(alg) and not isinstance(alg, Method) for alg in user_algorithms):
+            if a.steps_per_execution > 1:
+                raise ConfigurationError(
+                    f"steps_per_execution: {a.steps_per_execution} trains several batches per call, but algorithms "
+                    "holds Composer Algorithms, whose match is asked before every batch; use steps_per_execution=1")
+            custom = [alg for alg in user_algorithms if not isinstance(alg, Method)]
+            self.engine = AlgorithmEngine(custom, pair_batches=False)
+            first = next(i for i, alg in enumerate(user_algorithms) if not isinstance(alg, Method))
+            algorithms = [alg for alg in user_algorithms[:first] if isinstance(alg, Method)] + \
+                [self.engine.method()] + [alg for alg in user_algorithms[first:] if isinstance(alg, Method)]
         self.composed = compose(algorithms)  # raises on method conflicts
         self.seed = a.seed if a.seed is not None else random.randrange(2**31)
         # as Composer's Trainer: the user's own draws (a torch DataLoader's shuffle) repeat with the seed
@@ -224,6 +240,10 @@ class Trainer(ReadsPlan):
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
                 self.task.note_raw_batch(raw)
             self.task.bind(self._model_batch(as_batch(raw)))
+        if self.engine is not None:  # an in-step apply sees state.batch in the loader's structure
+            raw = self._first_raw_batch()
+            pairs = getattr(self.train_dataloader, "yields_pairs", None)  # a converted loader says what it read
+            self.engine.pair_batches = isinstance(raw, (tuple, list)) if pairs is None else pairs
         if self._foreign_optimizer is not None:  # its params are the converted model's, named as it names them
             self.optimizer = self._foreign_optimizer.bind(self.task.pure.bridged)
             self.build_tx = steps.make_base_tx(self.optimizer, self._alpha, self.composed)
@@ -277,7 +297,7 @@ class Trainer(ReadsPlan):
                               train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
                               optimizers=[self.user_optimizer], schedulers=user_schedulers, seed=self.seed,
                               precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
-                              algorithms=list(self.composed.methods),
+                              algorithms=user_algorithms,
                               device_train_microbatch_size=a.device_train_microbatch_size,
                               sync_model=self._synced_model, profiler=profiler, task=self.task,
                               train_metric_objects=self._train_metrics or None)
@@ -332,6 +352,7 @@ class Trainer(ReadsPlan):
         becomes ``timestamp + duration``, so schedules and methods plan with the new length (and the step is
         compiled again). Either argument makes a new plan; a call without them continues the current one."""
         if train_dataloader is not None:
+            self._user_train_loader = train_dataloader
             train_dataloader, self._train_spec = self._unwrap(train_dataloader)
             self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
         if duration is not None:
@@ -383,8 +404,13 @@ class Trainer(ReadsPlan):
                         self._host_lr = self._host_multiplier()
                         if self.microbatch_size == "auto":
                             self.microbatch_size = self._auto_microbatch_size(batch, stage)
+                        host = None
+                        if self.engine is not None:  # users' algorithms: match and replay, on the host
+                            batch, stage, host = self._prepare_algorithms(batch, stage)
+                            n = _batch_size(batch)
                         with self._marker("step", device_step=True):
-                            st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr)
+                            st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr,
+                                                                        host)
                     else:
                         metrics = chunk_metrics[i]
                     st.batch_size, st.batch = n, batch
@@ -403,6 +429,8 @@ class Trainer(ReadsPlan):
                     self._check_finite(wait=False)
                     self.logger.set_step(st.timestamp.batch)
                     self.logger.log_metrics({"loss/train/total": metrics["loss"]})
+                    if "logs" in metrics:  # what in-step algorithms logged, with this batch's values
+                        self.logger.log_metrics(metrics["logs"])
                     if self._train_metrics:
                         self._log_train_metrics(metrics["train_metrics"])
                     self._fire(Event.BATCH_END)
@@ -700,8 +728,55 @@ class Trainer(ReadsPlan):
         return self.profiler.marker(name, **kwargs) if self.profiler is not None else contextlib.nullcontext()
 
     def _fire(self, event: Event) -> None:
+        """Algorithms first, then callbacks and loggers; at INIT the other way round (Composer's engine)."""
+        if self.engine is not None and event is not Event.INIT:
+            self.engine.run_host(event, self.state, self.logger)
         for cb in self.callbacks:
             cb.run_event(event, self.state, self.logger)
+        if self.engine is not None and event is Event.INIT:
+            self.engine.run_host(event, self.state, self.logger)
+
+    def _prepare_algorithms(self, batch: dict, stage) -> tuple[dict, Any, Any]:
+        """The users' algorithms before a step (``AlgorithmEngine.prepare_step``): the batch (changed on the host
+        by applies that cannot be traced), the stage with the engine's variant, and the arrays its programs take."""
+        st, sharding = self.state, parallel.batch_sharding(self.mesh)
+        st.batch = batch
+        loader_adapter = adapters.adapter_for(self._user_train_loader)
+
+        def host_batch(device_batch: dict):
+            arrays = jax.device_get(device_batch)
+            if loader_adapter is not None and loader_adapter.from_array is not None:
+                arrays = {k: loader_adapter.from_array(None, v) for k, v in arrays.items()}
+            return (arrays["input"], arrays["target"]) if self.engine.pair_batches else arrays
+
+        def place(host: Any) -> dict:
+            new = as_batch(host)
+            self._check_train_batch(new)
+            return parallel.process_rows_to_global(new, sharding)
+
+        batch_transform, microbatch_transform = data_spec.step_transforms(self._train_spec)
+        n_micro = 1 if self.microbatch_size in (None, "auto") else _batch_size(batch) // self.microbatch_size
+        forward = steps.make_forward(self.task, self.precision)
+        params, model_state = st.train_state.params, st.train_state.model_state
+        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+        def step_batch_avals(b: dict):
+            return abstract(b) if batch_transform is None else jax.eval_shape(batch_transform, abstract(dict(b)))
+
+        def loss_batch_avals(b):
+            micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // n_micro,) + x.shape[1:], x.dtype), b)
+            return micro if microbatch_transform is None else jax.eval_shape(microbatch_transform, micro)
+
+        def output_avals(b):
+            return jax.eval_shape(lambda p, s, x: forward(p, s, x, train=True, key=jax.random.PRNGKey(0))[0],
+                                  params, model_state, b)
+
+        batch, variant, consts = self.engine.prepare_step(
+            st, batch, self.logger, host_batch=host_batch, place=place, step_batch_avals=step_batch_avals,
+            loss_batch_avals=loss_batch_avals, output_avals=output_avals, params=params)
+        if variant is None:
+            return batch, stage, None
+        return batch, (stage or ()) + ((ENGINE_NAME, variant),), {ENGINE_NAME: consts}
 
     def _host_ctx(self, step: int) -> StepCtx:
         """The ctx host-side slots (stage, data) and the LR monitor see at ``step``."""
@@ -831,7 +906,7 @@ class Trainer(ReadsPlan):
     def _step_with(self, n: int):
         if n not in self._train_steps:
             self._train_steps[n] = steps.collector_paused(
-                steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings))
+                steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings, host_args=2))
         return self._train_steps[n]
 
     def _multi_step_for(self, batch_size: int, k: int):
@@ -913,7 +988,8 @@ class Trainer(ReadsPlan):
         # the live train state (lowering reads only its types and layouts) and batches laid out as the run's: the
         # arguments a step call sees, so a step already run is not traced or compiled again, and the step compiled
         # here is the one the run then calls ('auto' does not compile its choice twice)
-        return step.lower(self.state.train_state, jax.tree.map(abstract, batch), stage, self._host_lr).compile()
+        return step.lower(self.state.train_state, jax.tree.map(abstract, batch), stage, self._host_lr,
+                          None).compile()
 
     def _auto_microbatch_size(self, batch: dict, stage) -> int:
         """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the device memory,

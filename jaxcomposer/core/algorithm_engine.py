@@ -1,0 +1,389 @@
+"""Users' Composer ``Algorithm``s in a compiled step: host events on the host, in-step events traced into the step.
+
+Composer calls ``apply`` on eager tensors at each in-step event. Here the step is one compiled program, so before
+every step the engine asks ``match`` on the host for each in-step event, then **replays** each matched ``apply`` on
+the host with abstract values (``jax.make_jaxpr``): Python in ``apply`` runs once per matched batch as under
+Composer (counters on ``self``, shapes read, host random draws, ``logger`` calls), and what it computes is recorded
+as a small program. The step evaluates those programs where the events fall (``AlgorithmEngine.method``'s slots):
+
+========================================== ======================== ==========================================
+events                                     slot                     ``state`` fields (writable ones starred)
+========================================== ======================== ==========================================
+AFTER_DATALOADER, BEFORE_FORWARD           ``batch``                batch*
+AFTER_FORWARD, BEFORE_LOSS                 ``loss`` (before it)     batch*, outputs*
+AFTER_LOSS, BEFORE_BACKWARD                ``loss`` (after it)      batch, outputs, loss* (the mean loss)
+AFTER_BACKWARD, AFTER_TRAIN_BATCH          ``grad`` (after it)      loss, params, grads*
+========================================== ======================== ==========================================
+
+A step is compiled once per *variant*: the set of matched events and the structure of each recorded program. The
+arrays a program captures (a host-drawn permutation, a ``jnp.asarray`` of a per-batch value) are passed into the
+step as arguments, and so do the scalars it computes with (``state.loss * scale``), so an ``apply`` that draws
+new indices or a new scale every batch compiles once. Numbers inside a nested ``jax.jit`` it calls, and Python
+values that decide the program's shape or its operations, are part of the program's structure: each new one
+compiles a new variant, and the engine warns when that keeps happening.
+
+An ``apply`` at ``AFTER_DATALOADER`` that cannot be traced (it calls ``.numpy()`` on the batch, or torch ops) runs
+on the host batch before the step instead, in the loader's own array types; those run before the traced ones. At
+the other in-step events such an ``apply`` is refused at the first step, naming the line and the way out.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import sys
+import traceback
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.extend.core as jax_core
+import jax.numpy as jnp
+
+from jaxcomposer.core.algorithm import run_order
+from jaxcomposer.core.events import IN_STEP_EVENTS, Event
+from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.errors import ConfigurationError
+
+NAME = "algorithms"  # the engine's Method: its stage is the variant, its host values the programs' captured arrays
+BATCH_EVENTS = (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD)
+FORWARD_EVENTS = (Event.AFTER_FORWARD, Event.BEFORE_LOSS)
+LOSS_EVENTS = (Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
+GRAD_EVENTS = (Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH)
+_FIELDS = {**{e: (("batch",), ("batch",)) for e in BATCH_EVENTS},  # event -> (fields read, fields written)
+           **{e: (("batch", "outputs"), ("batch", "outputs")) for e in FORWARD_EVENTS},
+           **{e: (("batch", "outputs", "loss"), ("loss",)) for e in LOSS_EVENTS},
+           **{e: (("loss", "params", "grads"), ("grads",)) for e in GRAD_EVENTS}}
+_WAY_OUT = {**{e: "edit state.batch at AFTER_DATALOADER instead, where an apply that cannot be traced runs on the "
+                  "host batch" for e in BATCH_EVENTS + FORWARD_EVENTS},
+            **{e: "compute it with jax.numpy (jax.lax.cond in place of an `if` on a value), or act at a host event "
+                  "(BATCH_END) on state.loss" for e in LOSS_EVENTS + GRAD_EVENTS}}
+_RECOMPILE_WARNING_AFTER = 8  # new variants in a row before the engine says why it keeps compiling
+
+
+class InStepState:
+    """``state`` as an in-step ``apply`` sees it: the event's fields as JAX values, everything else read from the
+    run's :class:`~jaxcomposer.core.events.RunState` (timestamp, max_duration, ...: this batch's host values).
+
+    ``state.batch`` has the loader's structure: an ``(input, target)`` pair stays a pair."""
+
+    def __init__(self, event: Event, fields: dict, host: Any, pair: bool):
+        object.__setattr__(self, "_event", event)
+        object.__setattr__(self, "_fields", dict(fields))
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "_pair", pair)
+
+    def __getattr__(self, name: str):
+        fields = object.__getattribute__(self, "_fields")
+        if name == "batch" and "batch" in fields:
+            batch = fields["batch"]
+            return (batch["input"], batch["target"]) if self._pair else batch
+        if name in fields:
+            return fields[name]
+        if name in ("batch", "outputs", "loss", "grads", "params"):
+            raise AttributeError(f"state.{name} is not available at {self._event.name} inside the train step (there: "
+                                 f"{', '.join('state.' + f for f in fields)})")
+        return getattr(self._host, name)
+
+    def __setattr__(self, name: str, value: Any):
+        writable = _FIELDS[self._event][1]
+        if name not in writable:
+            raise AttributeError(f"state.{name} cannot be set at {self._event.name} inside the train step (writable "
+                                 f"there: {', '.join('state.' + f for f in writable)})")
+        if name == "batch":
+            value = _as_batch_dict(value)
+        self._fields[name] = value
+
+    def batch_get_item(self, key):
+        """Composer's ``state.batch_get_item``: by index into a pair, or by key into a dict batch."""
+        return self.batch[key]
+
+    def batch_set_item(self, key, value) -> None:
+        batch = self.batch
+        if isinstance(batch, tuple):
+            batch = tuple(value if i == key else v for i, v in enumerate(batch))
+        else:
+            batch = {**batch, key: value}
+        self.batch = batch
+
+
+def _as_batch_dict(batch) -> dict:
+    if isinstance(batch, (tuple, list)):
+        if len(batch) != 2:
+            raise ConfigurationError(f"state.batch: a tuple batch is (input, target), got {len(batch)} items")
+        return {"input": batch[0], "target": batch[1]}
+    if not isinstance(batch, dict):
+        raise ConfigurationError(f"state.batch: expected a dict or an (input, target) pair, got {type(batch).__name__}")
+    return dict(batch)
+
+
+class _CollectingLogger:
+    """The ``logger`` an in-step ``apply`` gets: ``log_metrics`` records values the step returns (logged after the
+    step with this batch's values); everything else is the run's logger."""
+
+    def __init__(self, logger: Any, sink: dict, event: Event, name: str):
+        self._logger, self._sink, self._event, self._name = logger, sink, event, name
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if self._event in FORWARD_EVENTS + LOSS_EVENTS:
+            raise ConfigurationError(
+                f"{self._name}.apply at {self._event.name}: logger.log_metrics inside the differentiated part of the "
+                "step is not supported (its values live inside the gradient's trace); log at AFTER_BACKWARD or "
+                "AFTER_TRAIN_BATCH (state.loss is there), or at a host event")
+        self._sink.update({k: jnp.asarray(v) for k, v in metrics.items()})
+
+    def __getattr__(self, name: str):
+        return getattr(self._logger, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One matched ``apply`` recorded for a variant: ``fields -> (written fields, logged values)``."""
+
+    event: Event
+    index: int  # the algorithm's position in the engine's list
+    jaxpr: Any  # jax.core.Jaxpr (its captured arrays come with each step)
+    in_tree: Any
+    out_tree: Any
+
+    def __call__(self, consts, fields: dict) -> tuple[dict, dict]:
+        flat, tree = jax.tree.flatten(fields)
+        if tree != self.in_tree:  # the step's values must have the structure the replay saw
+            raise ConfigurationError(f"algorithms: {self.event.name} program expected {self.in_tree}, got {tree}")
+        out = jax.core.eval_jaxpr(self.jaxpr, list(consts), *flat)
+        return jax.tree.unflatten(self.out_tree, out)
+
+
+class AlgorithmEngine:
+    """Runs a list of users' algorithms: :meth:`run_host` at host events, :meth:`prepare_step` before each train
+    step (match, replay, variant), and :meth:`method`, the slots that evaluate the replayed programs in the step."""
+
+    def __init__(self, algorithms: list, *, pair_batches: bool):
+        self.algorithms = list(algorithms)
+        self.pair_batches = pair_batches
+        self.host_mode: set[int] = set()  # AFTER_DATALOADER applies that run on the host batch
+        self.variants: dict[tuple, int] = {}  # programs' structures -> variant id
+        self.programs: dict[int, tuple[Program, ...]] = {}  # variant id -> its programs, in step order
+        self._new_variants_in_a_row = 0
+        self._output_avals: dict = {}  # a microbatch's shapes -> the forward outputs' avals
+
+    # ---- host events ----
+    def run_host(self, event: Event, state: Any, logger: Any) -> None:
+        for alg in run_order([a for a in self.algorithms if a.match(event, state)], event):
+            alg.apply(event, state, logger)
+
+    # ---- before each train step ----
+    def prepare_step(self, state: Any, batch: dict, logger: Any, *, host_batch: Callable, place: Callable,
+                     step_batch_avals: Callable, loss_batch_avals: Callable, output_avals: Callable,
+                     params) -> tuple[dict, Any, tuple]:
+        """Ask ``match`` for every in-step event, run host-mode ``AFTER_DATALOADER`` applies on the host batch
+        (``host_batch(batch)`` gives it in the loader's types, ``place`` puts the result back on the device) and
+        replay the others on abstract values: the batch as the step's batch slots get it
+        (``step_batch_avals(batch)``), as its loss gets it (``loss_batch_avals``: a microbatch), the forward's
+        outputs (``output_avals(microbatch avals)``), the params. Returns ``(batch, variant, captured arrays)``;
+        variant None when nothing matched."""
+        matched = {e: run_order([i for i, a in enumerate(self.algorithms) if a.match(e, state)], e)
+                   for e in IN_STEP_EVENTS}
+        if not any(matched.values()):
+            return batch, None, ()
+        loading = matched[Event.AFTER_DATALOADER]
+        for i in [i for i in loading if i in self.host_mode]:  # those that cannot be traced run first, on the host
+            batch = self._apply_on_host(i, batch, state, logger, host_batch, place)
+        fields = {"batch": step_batch_avals(batch)}
+        recorded = []  # (program, consts)
+        for i in [i for i in loading if i not in self.host_mode]:
+            alg = self.algorithms[i]
+            saved = copy.copy(vars(alg))
+            replayed = self._replay(Event.AFTER_DATALOADER, [i], fields, state, logger, recorded, or_host=True)
+            if replayed is not None:
+                fields = replayed
+            else:
+                vars(alg).clear()  # its first try left nothing behind on the algorithm
+                vars(alg).update(saved)
+                self.host_mode.add(i)
+                self._say_host_mode(i)
+                before = step_batch_avals(batch)
+                batch = self._apply_on_host(i, batch, state, logger, host_batch, place)
+                if recorded and step_batch_avals(batch) != before:
+                    raise ConfigurationError(
+                        f"algorithms: {type(alg).__name__}.apply at AFTER_DATALOADER runs on the host batch (it does "
+                        "not trace as JAX) and changes its shapes, after algorithms that run in the step; list it "
+                        "before them") from None
+                if not recorded:
+                    fields = {"batch": step_batch_avals(batch)}
+        matched[Event.AFTER_DATALOADER] = []
+        for event in BATCH_EVENTS:
+            fields = self._replay(event, matched[event], fields, state, logger, recorded)
+        if any(matched[e] for e in FORWARD_EVENTS + LOSS_EVENTS):
+            micro = loss_batch_avals(fields["batch"])
+            shapes = (jax.tree.structure(micro), tuple((x.shape, x.dtype) for x in jax.tree.leaves(micro)))
+            if shapes not in self._output_avals:  # the forward is traced once per batch shape, not per step
+                self._output_avals[shapes] = output_avals(micro)
+            fields = {"batch": micro, "outputs": self._output_avals[shapes]}
+            for event in FORWARD_EVENTS:
+                fields = self._replay(event, matched[event], fields, state, logger, recorded)
+            fields = {**fields, "loss": jax.ShapeDtypeStruct((), jnp.float32)}
+            for event in LOSS_EVENTS:
+                fields = self._replay(event, matched[event], fields, state, logger, recorded)
+        grad_fields = {"loss": jax.ShapeDtypeStruct((), jnp.float32), "params": _avals(params),
+                       "grads": _avals(params)}
+        for event in GRAD_EVENTS:
+            grad_fields = self._replay(event, matched[event], grad_fields, state, logger, recorded)
+        if not recorded:
+            return batch, None, ()
+        key = tuple((p.event, p.index, str(p.jaxpr), p.in_tree, p.out_tree,
+                     tuple((c.shape, c.dtype) for c in consts)) for p, consts in recorded)
+        variant = self.variants.get(key)
+        if variant is None:
+            variant = self.variants[key] = len(self.variants)
+            self.programs[variant] = tuple(p for p, _ in recorded)
+            self._new_variants_in_a_row += 1
+            if self._new_variants_in_a_row == _RECOMPILE_WARNING_AFTER:
+                warnings.warn(self._recompiling_message(), RuntimeWarning, stacklevel=2)
+        else:
+            self._new_variants_in_a_row = 0
+        return batch, variant, tuple(tuple(consts) for _, consts in recorded)
+
+    def _replay(self, event: Event, indices: list[int], fields: dict, state, logger, recorded: list,
+                or_host: bool = False) -> dict | None:
+        """Each matched ``apply`` of ``event`` traced on abstract ``fields``, in run order; returns the fields as
+        the last one left them (abstract) and appends ``(program, captured arrays)`` to ``recorded``. An apply that
+        does not trace is refused, or with ``or_host`` returns None (it will run on the host batch)."""
+        for i in indices:
+            alg = self.algorithms[i]
+            written = _FIELDS[event][1]
+
+            def program(values, alg=alg):
+                view = InStepState(event, values, state, self.pair_batches)
+                logged: dict = {}
+                alg.apply(event, view, _CollectingLogger(logger, logged, event, type(alg).__name__))
+                return {f: view._fields[f] for f in written}, logged
+
+            try:
+                closed, out_shapes = jax.make_jaxpr(program, return_shape=True)(fields)
+            except ConfigurationError:
+                raise
+            except Exception as e:  # noqa: BLE001 (any failure to trace is reported with where and what to do)
+                if or_host:
+                    return None
+                raise self._untraceable(i, event, e) from e
+            jaxpr, consts = lift_literals(closed.jaxpr, closed.consts)
+            recorded.append((Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes)),
+                             consts))
+            fields = {**fields, **out_shapes[0]}
+        return fields
+
+    def _apply_on_host(self, i: int, batch: dict, state, logger, host_batch: Callable, place: Callable) -> dict:
+        alg, saved = self.algorithms[i], state.batch
+        state.batch = host_batch(batch)
+        try:
+            alg.apply(Event.AFTER_DATALOADER, state, logger)
+            return place(state.batch)
+        finally:
+            state.batch = saved
+
+    def _say_host_mode(self, i: int) -> None:
+        name = type(self.algorithms[i]).__name__
+        print(f"jaxcomposer: {name}.apply at AFTER_DATALOADER does not trace as JAX; it runs on the host batch "
+              "before each step (in the loader's array types)", file=sys.stderr, flush=True)
+
+    def _untraceable(self, i: int, event: Event, error: Exception) -> ConfigurationError:
+        alg = self.algorithms[i]
+        name = type(alg).__name__
+        source = inspect.getsourcefile(type(alg))
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+        where = f" ({frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+        return ConfigurationError(
+            f"algorithms: {name}.apply at {event.name} cannot run inside the compiled train step{where}: "
+            f"{type(error).__name__}: {error}. In-step applies are traced as JAX; {_WAY_OUT[event]}")
+
+    def _recompiling_message(self) -> str:
+        return (f"algorithms: the in-step applies compiled a new step for {_RECOMPILE_WARNING_AFTER} batches in a "
+                "row: a Python number that changes every batch is compiled into the step; pass it as an array "
+                "(jnp.asarray(x)) so that it enters the step as a value")
+
+    # ---- inside the step ----
+    def method(self) -> Method:
+        """The engine as a built-in :class:`Method`: its slots evaluate the variant's programs (``ctx.stage`` is the
+        variant, ``ctx.host`` the captured arrays)."""
+
+        def programs(ctx: StepCtx, events) -> list:
+            if ctx.stage is None:
+                return []
+            return [(p, consts) for p, consts in zip(self.programs[ctx.stage], ctx.host) if p.event in events]
+
+        def emit(ctx: StepCtx, logged: dict) -> None:
+            for k, v in logged.items():
+                ctx.emit(k, v)
+
+        def batch_slot(batch: dict, ctx: StepCtx) -> dict:
+            fields = {"batch": batch}
+            for p, consts in programs(ctx, BATCH_EVENTS):
+                written, logged = p(consts, fields)
+                fields = {**fields, **written}
+                emit(ctx, logged)
+            return fields["batch"]
+
+        def loss_slot(loss_fn: Callable, ctx: StepCtx) -> Callable:
+            before, after = programs(ctx, FORWARD_EVENTS), programs(ctx, LOSS_EVENTS)
+            if not before and not after:
+                return loss_fn
+
+            def wrapped(outputs, batch):
+                fields = {"batch": batch, "outputs": outputs}
+                for p, consts in before:
+                    fields = {**fields, **p(consts, fields)[0]}
+                losses = loss_fn(fields["outputs"], fields["batch"])
+                if not after:
+                    return losses
+                mean = losses.mean()
+                fields = {**fields, "loss": mean}
+                for p, consts in after:
+                    fields = {**fields, **p(consts, fields)[0]}
+                # per-example losses whose mean is the new loss and whose gradient is the new loss's
+                return losses + (fields["loss"] - mean).astype(losses.dtype)
+
+            return wrapped
+
+        def grad_slot(grad_fn: Callable, ctx: StepCtx) -> Callable:
+            after = programs(ctx, GRAD_EVENTS)
+            if not after:
+                return grad_fn
+
+            def wrapped(params, model_state, batch, key):
+                (loss, new_state), grads = grad_fn(params, model_state, batch, key)
+                fields = {"loss": loss, "params": params, "grads": grads}
+                for p, consts in after:
+                    written, logged = p(consts, fields)
+                    fields = {**fields, **written}
+                    emit(ctx, logged)
+                return (loss, new_state), fields["grads"]
+
+            return wrapped
+
+        return Method(name=NAME, batch=batch_slot, loss=loss_slot, grad=grad_slot,
+                      description="users' Composer algorithms at the in-step events")
+
+
+def lift_literals(jaxpr, consts) -> tuple[Any, list]:
+    """``jaxpr`` with the scalar literals of its own equations turned into constants, and the constants' values.
+
+    Tracing inlines scalars (``x * 0.5``, a ``jnp.asarray`` of a per-batch number) into the program's text; lifted,
+    they enter the step as values, so a scalar that changes every batch does not make a new program. Literals inside
+    nested programs (a ``jax.jit`` the apply calls) stay: they are part of the structure."""
+    constvars, values, eqns = list(jaxpr.constvars), list(consts), []
+    for eqn in jaxpr.eqns:
+        invars = []
+        for v in eqn.invars:
+            if isinstance(v, jax_core.Literal):
+                var = jax_core.Var(v.aval)
+                constvars.append(var)
+                values.append(v.val)
+                v = var
+            invars.append(v)
+        eqns.append(eqn.replace(invars=invars))
+    return jaxpr.replace(constvars=constvars, eqns=eqns), values
+
+
+def _avals(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
