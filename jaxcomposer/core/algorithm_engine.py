@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import json
 import sys
 import traceback
 import warnings
@@ -166,6 +167,31 @@ class AlgorithmEngine:
         self.programs: dict[int, tuple[Program, ...]] = {}  # variant id -> its programs, in step order
         self._new_variants_in_a_row = 0
         self._output_avals: dict = {}  # a microbatch's shapes -> the forward outputs' avals
+
+    # ---- checkpoints ----
+    def state_dicts(self) -> list[dict]:
+        """Each algorithm's ``state_dict()`` with its class name, for the checkpoint's metadata (JSON): checked
+        here, so a state that JSON cannot hold is named before anything is written."""
+        states = [{"name": type(alg).__name__, "state": alg.state_dict()} for alg in self.algorithms]
+        for entry in states:
+            try:
+                json.dumps(entry["state"])
+            except (TypeError, ValueError) as e:
+                raise ConfigurationError(
+                    f"algorithms: {entry['name']}.state_dict() returned {entry['state']!r}, which a checkpoint "
+                    f"cannot hold ({e}); return numbers, strings, lists and dicts (arrays as lists)") from e
+        return states
+
+    def load_state_dicts(self, states: list[dict]) -> None:
+        """Give each algorithm the state saved for the algorithm of its class at its place among them (Composer
+        matches algorithms by class too); algorithms without a saved state keep theirs."""
+        saved: dict[str, list] = {}
+        for entry in states:
+            saved.setdefault(entry["name"], []).append(entry["state"])
+        for alg in self.algorithms:
+            queue = saved.get(type(alg).__name__)
+            if queue:
+                alg.load_state_dict(queue.pop(0))
 
     # ---- host events ----
     def run_host(self, event: Event, state: Any, logger: Any) -> None:

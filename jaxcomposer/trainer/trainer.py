@@ -280,16 +280,20 @@ class Trainer(ReadsPlan):
                                                    self.seed, self.model_view))
         timestamp = Timestamp()
         if resume_step is not None:  # autoresume wins over load_path, as in Composer
-            state, timestamp, _ = self.store.restore(resume_step, state)
+            state, timestamp, meta = self.store.restore(resume_step, state)
+            if self.engine is not None:
+                self.engine.load_state_dicts(meta.get("algorithm_states", []))
             if a.progress_bar or a.log_to_console:  # said where people watch the run
                 print(f"jaxcomposer: resuming from {self.store.folder / str(resume_step)} at batch "
                       f"{timestamp.batch}", file=sys.stderr, flush=True)
             self.logger.log_hyperparameters({"resumed_from": str(self.store.folder / str(resume_step)),
                                              "resumed_at_batch": timestamp.batch})
         elif load_dir is not None:
-            state, loaded_at, _ = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,
-                                                     ignore_keys=a.load_ignore_keys, label=f"load_path {load_dir}")
+            state, loaded_at, meta = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,
+                                                        ignore_keys=a.load_ignore_keys, label=f"load_path {load_dir}")
             timestamp = loaded_at or timestamp  # weights only: training starts at batch 0
+            if self.engine is not None and not a.load_weights_only:
+                self.engine.load_state_dicts(meta.get("algorithm_states", []))
         elif self._foreign_optimizer is not None:  # an optimizer that already stepped (a torch checkpoint) goes on
             state = state._replace(opt_state=self._foreign_optimizer.load(state.opt_state))
         self._last_saved = timestamp.batch if resume_step is not None else None
@@ -620,7 +624,10 @@ class Trainer(ReadsPlan):
         return self.state.model
 
     def _meta(self) -> dict:
-        return {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}
+        meta = {"run_name": self.run_name, "seed": self.seed, "algorithms": list(self.composed.names)}
+        if self.engine is not None:  # users' algorithms' own state (Composer checkpoints each state_dict())
+            meta["algorithm_states"] = self.engine.state_dicts()
+        return meta
 
     def _checkpoint_store(self, a) -> tuple[checkpoint.CheckpointStore | None, int | None]:
         """The run's CheckpointStore (or None) and the step autoresume continues from (or None), from the

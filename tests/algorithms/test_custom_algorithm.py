@@ -331,3 +331,76 @@ def test_imports_as_composers():
     assert ENGINE_NAME == "algorithms"
     alg = Edit(Event.AFTER_LOSS, _double_loss)
     assert alg.state_dict() == {"repr": "Edit()"} and not alg.required_on_load() and not alg.find_unused_parameters
+
+
+def test_colout_and_a_loss_scaling_algorithm_train_a_torch_module_as_composer_would(monkeypatch):
+    """A Composer script's torch module, torch DataLoader and torch optimizer, with the tutorial's ColOut and a
+    loss-scaling algorithm: it trains as the same rows and columns dropped beforehand with twice the learning rate
+    (plain SGD: doubling the loss doubles the step)."""
+    import torch
+
+    class LossScaling(Algorithm):
+        def match(self, event, state):
+            return event == Event.AFTER_LOSS
+
+        def apply(self, event, state, logger):
+            state.loss = state.loss * 2
+
+    def module():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+
+    drawn = []
+    randperm = torch.randperm
+    monkeypatch.setattr(torch, "randperm", lambda n, *a, **k: drawn.append(randperm(n, *a, **k)) or drawn[-1])
+    model = module()
+    trainer = Trainer(model=model, train_dataloader=_torch_digits_loader(), max_duration="3ba",
+                      optimizers=torch.optim.SGD(model.parameters(), lr=0.1), seed=0, progress_bar=False,
+                      algorithms=[ColOut(), LossScaling()])
+    trainer.fit()
+    monkeypatch.undo()
+    assert len(drawn) == 6 and not trainer.engine.host_mode
+
+    batches = []
+    for i, (x, y) in enumerate(_torch_digits_loader()):
+        rows, cols = sorted(drawn[2 * i][:6].numpy()), sorted(drawn[2 * i + 1][:6].numpy())
+        batches.append((x[:, :, rows, :][:, :, :, cols], y))
+    reference = module()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.2)
+    for x, y in batches:  # eager torch: Composer's loop without the algorithms
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+class Counter(Algorithm):
+    def __init__(self, payload=None):
+        self.seen, self.payload = 0, payload
+
+    def match(self, event, state):
+        return event == Event.BATCH_END
+
+    def apply(self, event, state, logger):
+        self.seen += 1
+
+    def state_dict(self):
+        return {"seen": self.seen, **({} if self.payload is None else {"payload": self.payload})}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
+def test_an_algorithms_state_dict_is_checkpointed_and_restored_by_class(tmp_path):
+    trainer = train([Counter(), Edit(Event.AFTER_LOSS, _double_loss)])
+    path = trainer.save_checkpoint(tmp_path / "ckpt")
+    fresh = Counter()
+    Trainer(model=mlp_task(), train_dataloader=ArrayLoader(digits("train", 64), 32), max_duration="2ba",
+            progress_bar=False, load_path=str(path), algorithms=[Edit(Event.AFTER_LOSS, _double_loss), fresh])
+    assert fresh.seen == BATCHES
+    unsaveable = train([Counter(payload=object())])
+    with pytest.raises(ConfigurationError, match=r"Counter.state_dict\(\) returned .* cannot hold"):
+        unsaveable.save_checkpoint(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
