@@ -29,7 +29,14 @@ class Algorithm:
     ``match(event, state) -> bool`` is asked on the host at every event, the in-step ones once per batch before the
     step runs (with the host's state: timestamp, max_duration, ...). ``apply(event, state, logger)`` edits
     ``state`` in place; its return value is Composer's exit code and is ignored.
+
+    ``trace_once`` (not Composer's): at in-step events ``apply`` is replayed on the host before every matched
+    batch, so its Python runs once per batch as under Composer. A class whose ``apply`` is a pure function of the
+    state's arrays and its own hyperparameters (no counters, no host random draws, no per-batch host values) sets
+    ``trace_once = True``: it is then traced once per input shape and costs nothing on the host per batch.
     """
+
+    trace_once: bool = False
 
     @property
     def find_unused_parameters(self) -> bool:

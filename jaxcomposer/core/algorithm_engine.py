@@ -15,12 +15,17 @@ AFTER_LOSS, BEFORE_BACKWARD                ``loss`` (after it)      batch, outpu
 AFTER_BACKWARD, AFTER_TRAIN_BATCH          ``grad`` (after it)      loss, params, grads*
 ========================================== ======================== ==========================================
 
-A step is compiled once per *variant*: the set of matched events and the structure of each recorded program. The
-arrays a program captures (a host-drawn permutation, a ``jnp.asarray`` of a per-batch value) are passed into the
-step as arguments, and so do the scalars it computes with (``state.loss * scale``), so an ``apply`` that draws
-new indices or a new scale every batch compiles once. Numbers inside a nested ``jax.jit`` it calls, and Python
-values that decide the program's shape or its operations, are part of the program's structure: each new one
-compiles a new variant, and the engine warns when that keeps happening.
+An algorithm whose ``apply`` is a pure function of its inputs and its hyperparameters may say so
+(``trace_once = True``, an attribute Composer does not have): it is traced once per input shape and its program
+reused, so its Python then runs once per compile and costs nothing per batch.
+
+A step is compiled once per *variant*: the set of matched events, the structure of each recorded program and which
+of its constants are compiled in. The arrays a program captures (a host-drawn permutation) and the scalars its own
+equations use (``state.loss * scale``) are compiled in while they keep their first value, so XLA specializes on
+them as on a built-in method's; once one changes it is passed into the step as an argument from then on, so an
+``apply`` that draws new indices or a new scale every batch compiles twice, then never again. Numbers inside a
+nested ``jax.jit`` it calls, and Python values that decide the program's shape or its operations, are part of the
+structure: each new one compiles a new variant, and the engine warns when that keeps happening.
 
 An ``apply`` at ``AFTER_DATALOADER`` that cannot be traced (it calls ``.numpy()`` on the batch, or torch ops) runs
 on the host batch before the step instead, in the loader's own array types; those run before the traced ones. At
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import inspect
 import json
 import sys
@@ -40,6 +46,8 @@ from typing import Any, Callable
 import jax
 import jax.extend.core as jax_core
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 from jaxcomposer.core.algorithm import run_order
 from jaxcomposer.core.events import IN_STEP_EVENTS, Event
@@ -55,6 +63,9 @@ _FIELDS = {**{e: (("batch",), ("batch",)) for e in BATCH_EVENTS},  # event -> (f
            **{e: (("batch", "outputs"), ("batch", "outputs")) for e in FORWARD_EVENTS},
            **{e: (("batch", "outputs", "loss"), ("loss",)) for e in LOSS_EVENTS},
            **{e: (("loss", "params", "grads"), ("grads",)) for e in GRAD_EVENTS}}
+# fields an apply may set at an event although nothing after it reads them there (Composer's LabelSmoothing puts the
+# original targets back at AFTER_LOSS): accepted and dropped
+_DROPPED = {e: ("batch", "outputs") for e in LOSS_EVENTS}
 _WAY_OUT = {**{e: "edit state.batch at AFTER_DATALOADER instead, where an apply that cannot be traced runs on the "
                   "host batch" for e in BATCH_EVENTS + FORWARD_EVENTS},
             **{e: "compute it with jax.numpy (jax.lax.cond in place of an `if` on a value), or act at a host event "
@@ -88,6 +99,8 @@ class InStepState:
 
     def __setattr__(self, name: str, value: Any):
         writable = _FIELDS[self._event][1]
+        if name in _DROPPED.get(self._event, ()):
+            return
         if name not in writable:
             raise AttributeError(f"state.{name} cannot be set at {self._event.name} inside the train step (writable "
                                  f"there: {', '.join('state.' + f for f in writable)})")
@@ -96,11 +109,17 @@ class InStepState:
         self._fields[name] = value
 
     def batch_get_item(self, key):
-        """Composer's ``state.batch_get_item``: by index into a pair, or by key into a dict batch."""
-        return self.batch[key]
+        """Composer's ``state.batch_get_item``: by index into a pair, or by key into a dict batch (0 and 1 name
+        ``'input'`` and ``'target'`` there, the keys a pair's items get)."""
+        batch = self.batch
+        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
+            key = ("input", "target")[key]
+        return batch[key]
 
     def batch_set_item(self, key, value) -> None:
         batch = self.batch
+        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
+            key = ("input", "target")[key]
         if isinstance(batch, tuple):
             batch = tuple(value if i == key else v for i, v in enumerate(batch))
         else:
@@ -139,19 +158,26 @@ class _CollectingLogger:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One matched ``apply`` recorded for a variant: ``fields -> (written fields, logged values)``."""
+    """One matched ``apply`` recorded for a variant: ``fields -> (written fields, logged values)``. Its constants
+    are compiled in (``static``: position -> value) or passed with each step (the positions not in ``static``)."""
 
     event: Event
     index: int  # the algorithm's position in the engine's list
-    jaxpr: Any  # jax.core.Jaxpr (its captured arrays come with each step)
+    jaxpr: Any  # jax.extend.core.Jaxpr
     in_tree: Any
     out_tree: Any
+    static: tuple = ()  # ((position, value), ...): constants that kept their value so far
 
-    def __call__(self, consts, fields: dict) -> tuple[dict, dict]:
+    def with_static(self, static: dict) -> "Program":
+        return dataclasses.replace(self, static=tuple(sorted(static.items())))
+
+    def __call__(self, passed, fields: dict) -> tuple[dict, dict]:
         flat, tree = jax.tree.flatten(fields)
         if tree != self.in_tree:  # the step's values must have the structure the replay saw
             raise ConfigurationError(f"algorithms: {self.event.name} program expected {self.in_tree}, got {tree}")
-        out = jax.core.eval_jaxpr(self.jaxpr, list(consts), *flat)
+        static, passed = dict(self.static), iter(passed)
+        consts = [static[k] if k in static else next(passed) for k in range(len(self.jaxpr.constvars))]
+        out = jax.core.eval_jaxpr(self.jaxpr, consts, *flat)
         return jax.tree.unflatten(self.out_tree, out)
 
 
@@ -166,6 +192,10 @@ class AlgorithmEngine:
         self.variants: dict[tuple, int] = {}  # programs' structures -> variant id
         self.programs: dict[int, tuple[Program, ...]] = {}  # variant id -> its programs, in step order
         self._new_variants_in_a_row = 0
+        self._first_digests: dict = {}  # a program's structure -> its constants' first values (digests)
+        self._changing: dict = {}  # a program's structure -> positions of constants that have changed
+        self._traced_once: dict = {}  # (event, algorithm, input shapes) -> its program, for trace_once algorithms
+        self._param_avals = None  # the params as plain nested dicts (pure_tree), abstract
         self._output_avals: dict = {}  # a microbatch's shapes -> the forward outputs' avals
 
     # ---- checkpoints ----
@@ -216,7 +246,7 @@ class AlgorithmEngine:
         for i in [i for i in loading if i in self.host_mode]:  # those that cannot be traced run first, on the host
             batch = self._apply_on_host(i, batch, state, logger, host_batch, place)
         fields = {"batch": step_batch_avals(batch)}
-        recorded = []  # (program, consts)
+        recorded = []  # (program, consts, structure key)
         for i in [i for i in loading if i not in self.host_mode]:
             alg = self.algorithms[i]
             saved = copy.copy(vars(alg))
@@ -251,33 +281,54 @@ class AlgorithmEngine:
             fields = {**fields, "loss": jax.ShapeDtypeStruct((), jnp.float32)}
             for event in LOSS_EVENTS:
                 fields = self._replay(event, matched[event], fields, state, logger, recorded)
-        grad_fields = {"loss": jax.ShapeDtypeStruct((), jnp.float32), "params": _avals(params),
-                       "grads": _avals(params)}
+        if self._param_avals is None:  # the params' shapes never change during a run
+            self._param_avals = _avals(pure_tree(params))
+        grad_fields = {"loss": jax.ShapeDtypeStruct((), jnp.float32), "params": self._param_avals,
+                       "grads": self._param_avals}
         for event in GRAD_EVENTS:
             grad_fields = self._replay(event, matched[event], grad_fields, state, logger, recorded)
         if not recorded:
             return batch, None, ()
-        key = tuple((p.event, p.index, str(p.jaxpr), p.in_tree, p.out_tree,
-                     tuple((c.shape, c.dtype) for c in consts)) for p, consts in recorded)
+        # Constants are compiled in while they keep their first value (XLA specializes on them, as it does on a
+        # built-in method's); one that changes is passed with each step from then on (one more compile, then none)
+        key, passed = [], []
+        for _, consts, part in recorded:
+            digests = tuple(_digest(c) for c in consts)
+            first = self._first_digests.setdefault(part, digests)
+            changed = self._changing.get(part, frozenset()) | {k for k, (a, b) in enumerate(zip(first, digests))
+                                                               if a != b}
+            self._changing[part] = changed
+            key.append((part, changed, tuple(d for k, d in enumerate(digests) if k not in changed)))
+            passed.append(tuple(c for k, c in enumerate(consts) if k in changed))
+        key = tuple(key)
         variant = self.variants.get(key)
         if variant is None:
             variant = self.variants[key] = len(self.variants)
-            self.programs[variant] = tuple(p for p, _ in recorded)
+            self.programs[variant] = tuple(
+                p.with_static({k: c for k, c in enumerate(consts) if k not in changed})
+                for (p, consts, _), (_, changed, _) in zip(recorded, key))
             self._new_variants_in_a_row += 1
             if self._new_variants_in_a_row == _RECOMPILE_WARNING_AFTER:
                 warnings.warn(self._recompiling_message(), RuntimeWarning, stacklevel=2)
         else:
             self._new_variants_in_a_row = 0
-        return batch, variant, tuple(tuple(consts) for _, consts in recorded)
+        return batch, variant, tuple(passed)
 
     def _replay(self, event: Event, indices: list[int], fields: dict, state, logger, recorded: list,
                 or_host: bool = False) -> dict | None:
         """Each matched ``apply`` of ``event`` traced on abstract ``fields``, in run order; returns the fields as
-        the last one left them (abstract) and appends ``(program, captured arrays)`` to ``recorded``. An apply that
-        does not trace is refused, or with ``or_host`` returns None (it will run on the host batch)."""
+        the last one left them (abstract) and appends ``(program, captured arrays, key)`` to ``recorded``. An
+        apply that does not trace is refused, or with ``or_host`` returns None (it will run on the host batch)."""
         for i in indices:
             alg = self.algorithms[i]
             written = _FIELDS[event][1]
+            once_key = (event, i, jax.tree.structure(fields),
+                        tuple((x.shape, x.dtype) for x in jax.tree.leaves(fields)))
+            if getattr(alg, "trace_once", False) and once_key in self._traced_once:
+                program_and_consts, out_fields = self._traced_once[once_key]
+                recorded.append(program_and_consts)
+                fields = {**fields, **out_fields}
+                continue
 
             def program(values, alg=alg):
                 view = InStepState(event, values, state, self.pair_batches)
@@ -294,8 +345,13 @@ class AlgorithmEngine:
                     return None
                 raise self._untraceable(i, event, e) from e
             jaxpr, consts = lift_literals(closed.jaxpr, closed.consts)
-            recorded.append((Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes)),
-                             consts))
+            program = Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes))
+            # what makes this program the same as another one (its variant's key), without its arrays' values
+            part = (event, i, structure(jaxpr), program.in_tree, program.out_tree,
+                    tuple((np.shape(c), np.result_type(c)) for c in consts))
+            recorded.append((program, consts, part))
+            if getattr(alg, "trace_once", False):
+                self._traced_once[once_key] = recorded[-1], out_shapes[0]
             fields = {**fields, **out_shapes[0]}
         return fields
 
@@ -378,17 +434,38 @@ class AlgorithmEngine:
 
             def wrapped(params, model_state, batch, key):
                 (loss, new_state), grads = grad_fn(params, model_state, batch, key)
-                fields = {"loss": loss, "params": params, "grads": grads}
+                fields = {"loss": loss, "params": pure_tree(params), "grads": pure_tree(grads)}
                 for p, consts in after:
                     written, logged = p(consts, fields)
                     fields = {**fields, **written}
                     emit(ctx, logged)
-                return (loss, new_state), fields["grads"]
+                return (loss, new_state), like_tree(fields["grads"], grads)
 
             return wrapped
 
         return Method(name=NAME, batch=batch_slot, loss=loss_slot, grad=grad_slot,
                       description="users' Composer algorithms at the in-step events")
+
+
+def _digest(value) -> tuple:
+    array = np.asarray(value)
+    return array.shape, array.dtype.str, hashlib.blake2b(array.tobytes(), digest_size=16).digest()
+
+
+def pure_tree(tree):
+    """``tree`` as plain nested dicts of arrays (an ``nnx.State`` without its ``Variable`` nodes): what ``apply``
+    sees as ``state.params`` and ``state.grads``, and cheaper to trace every batch."""
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
+def like_tree(pure, like):
+    """``pure`` (from :func:`pure_tree`, maybe edited) back in ``like``'s structure: both flatten in key order."""
+    leaves, treedef = jax.tree.flatten(pure)
+    like_def = jax.tree.structure(like)
+    if like_def.num_leaves != len(leaves):
+        raise ConfigurationError(f"algorithms: state.grads came back with {len(leaves)} arrays, expected "
+                                 f"{like_def.num_leaves} (one per parameter, in the params' structure)")
+    return jax.tree.unflatten(like_def, leaves)
 
 
 def lift_literals(jaxpr, consts) -> tuple[Any, list]:
@@ -399,16 +476,54 @@ def lift_literals(jaxpr, consts) -> tuple[Any, list]:
     nested programs (a ``jax.jit`` the apply calls) stay: they are part of the structure."""
     constvars, values, eqns = list(jaxpr.constvars), list(consts), []
     for eqn in jaxpr.eqns:
-        invars = []
-        for v in eqn.invars:
-            if isinstance(v, jax_core.Literal):
-                var = jax_core.Var(v.aval)
-                constvars.append(var)
-                values.append(v.val)
-                v = var
-            invars.append(v)
-        eqns.append(eqn.replace(invars=invars))
+        if any(isinstance(v, jax_core.Literal) for v in eqn.invars):
+            invars = []
+            for v in eqn.invars:
+                if isinstance(v, jax_core.Literal):
+                    var = jax_core.Var(v.aval)
+                    constvars.append(var)
+                    values.append(v.val)
+                    v = var
+                invars.append(v)
+            eqn = eqn.replace(invars=invars)
+        eqns.append(eqn)
     return jaxpr.replace(constvars=constvars, eqns=eqns), values
+
+
+def structure(jaxpr) -> tuple:
+    """What makes two recorded programs the same program: each equation's primitive, parameters and operands (as
+    positions in the dataflow), without the values of the constants (those are the step's arguments). A hashable
+    tuple, built without printing the program (printing costs more than tracing it)."""
+    ids: dict = {}
+
+    def ref(v):
+        if isinstance(v, jax_core.Literal):
+            return ("literal", v.aval, np.asarray(v.val).tobytes())
+        return ids.setdefault(v, len(ids))
+
+    for v in (*jaxpr.constvars, *jaxpr.invars):
+        ids[v] = (len(ids), v.aval)
+    body = tuple((eqn.primitive.name, tuple(ref(v) for v in eqn.invars), _frozen(eqn.params),
+                  tuple(ref(v) for v in eqn.outvars)) for eqn in jaxpr.eqns)
+    return tuple(ids.values())[:len(jaxpr.constvars) + len(jaxpr.invars)], body, tuple(ref(v) for v in jaxpr.outvars)
+
+
+def _frozen(value):
+    """An equation parameter as a hashable value: nested programs by their structure, containers item by item,
+    anything else unhashable by its text."""
+    if isinstance(value, jax_core.ClosedJaxpr):
+        return ("closed", structure(value.jaxpr), tuple(np.asarray(c).tobytes() for c in value.consts))
+    if isinstance(value, jax_core.Jaxpr):
+        return ("jaxpr", structure(value))
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0])))
+    if isinstance(value, (tuple, list)):
+        return tuple(_frozen(v) for v in value)
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
 
 
 def _avals(tree):
