@@ -5,7 +5,7 @@ import glob
 from pathlib import Path
 from typing import Any, Sequence
 
-from jaxcomposer.core.events import CALLBACK_EVENTS, Callback, Event
+from jaxcomposer.core.events import CALLBACK_EVENTS, IN_STEP_EVENTS, Callback, Event
 
 __all__ = ["LoadCheckpoint"]
 
@@ -90,9 +90,9 @@ def _parse_event(event: Any) -> Event:
         lowered = name.lower()
         if lowered in _COMPOSER_LOAD_EVENTS:
             return Event.INIT
-        for candidate in CALLBACK_EVENTS:
+        for candidate in (e for e in CALLBACK_EVENTS if e not in IN_STEP_EVENTS):  # nothing loads mid-step
             if lowered in (candidate.value, candidate.name.lower()):
                 return candidate
-    names = [e.value for e in CALLBACK_EVENTS] + list(_COMPOSER_LOAD_EVENTS)
+    names = [e.value for e in CALLBACK_EVENTS if e not in IN_STEP_EVENTS] + list(_COMPOSER_LOAD_EVENTS)
     raise ValueError(f"LoadCheckpoint: event must be one of {names}, "
                      f"got {event!r}")

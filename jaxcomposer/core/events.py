@@ -88,10 +88,11 @@ class Event(enum.Enum):
         return name
 
 
-# the events the Trainer fires to callbacks and loggers (and to users' algorithms, with IN_STEP_EVENTS)
-CALLBACK_EVENTS = (Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.BATCH_START, Event.BATCH_END,
-                   Event.EPOCH_END, Event.FIT_END, Event.EVAL_START, Event.EVAL_BATCH_END, Event.EVAL_END,
-                   Event.PREDICT_START, Event.PREDICT_BATCH_END, Event.PREDICT_END)
+# the events the Trainer fires to callbacks and loggers (and to users' algorithms on the host, but for those inside
+# the step): Composer's, except the load events (a checkpoint loads inside Trainer.__init__, before INIT) and the
+# ITERATION_* ones (one iteration per fit here)
+CALLBACK_EVENTS = tuple(e for e in Event if e not in (Event.BEFORE_LOAD, Event.AFTER_LOAD, Event.ITERATION_START,
+                                                      Event.ITERATION_END, Event.ITERATION_CHECKPOINT))
 # the events inside one train step, in the order the step passes them (Composer: between BEFORE_TRAIN_BATCH and
 # BATCH_END; the forward-to-backward ones once per microbatch there)
 IN_STEP_EVENTS = (Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS,

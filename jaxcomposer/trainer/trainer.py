@@ -26,7 +26,7 @@ import optax
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
-from jaxcomposer.core.events import Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
+from jaxcomposer.core.events import IN_STEP_EVENTS, Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.algorithm import is_algorithm
 from jaxcomposer.core.algorithm_engine import NAME as ENGINE_NAME, AlgorithmEngine
@@ -51,6 +51,8 @@ _LR_TABLE_STEPS = 4096  # steps per host-side table of the LR multiplier (Traine
 # Steps the host may queue past its oldest unread non-finite flag. Reading each step's flag one step late woke the
 # host on every step: the quickstart's Trainer ran ~2% faster without that (2 CPU cores, interleaved A/B, 14 rounds).
 _MAX_UNCHECKED_STEPS = 8
+_MICROBATCH_EVENTS = (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
+                      Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD)
 
 
 def as_batch(batch: Any) -> dict:
@@ -264,6 +266,7 @@ class Trainer(ReadsPlan):
                         PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
         self.logger = Logger(loggers)
         self.callbacks: list = callbacks + loggers
+        self._listeners: dict = {}  # event -> the callbacks that handle it (Trainer._fire)
         if profiler is not None:  # first: at BATCH_START it decides whether the batch is traced
             self.callbacks.insert(0, profiler)
         needs_each_batch = [type(cb).__name__ for cb in self.callbacks if getattr(cb, "needs_each_batch_state", False)]
@@ -400,7 +403,11 @@ class Trainer(ReadsPlan):
                 chunk_signal = None
                 for i, batch in enumerate(chunk):
                     chunk_done = i == len(chunk) - 1  # the host may act (save, stop) only between calls
+                    st.batch = batch
+                    self._fire(Event.BEFORE_DATALOADER)  # (the prefetcher read it already; the order is Composer's)
+                    self._fire(Event.AFTER_DATALOADER)
                     self._fire(Event.BATCH_START)
+                    self._fire(Event.BEFORE_TRAIN_BATCH)
                     n, seen = _batch_size(batch), seen + 1
                     if chunk_metrics is None:
                         stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
@@ -437,6 +444,7 @@ class Trainer(ReadsPlan):
                         self.logger.log_metrics(metrics["logs"])
                     if self._train_metrics:
                         self._log_train_metrics(metrics["train_metrics"])
+                    self._fire_step_events(n)
                     self._fire(Event.BATCH_END)
                     if conv_mark is not None:  # the first step is traced: say what 'auto' chose for its convolutions
                         self._say_conv_choices(conv_tuner().summary(since=conv_mark))
@@ -448,6 +456,7 @@ class Trainer(ReadsPlan):
                         st.timestamp.batch_in_epoch >= self.steps_per_epoch
                     if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
                         self._save()  # (an epoch's last batch is saved after the epoch closes, below)
+                    self._fire(Event.BATCH_CHECKPOINT)
                     signal_now = preemption.poll(st.timestamp.batch)  # every batch: a collective across processes
                     chunk_signal = chunk_signal or signal_now
                     stop_signal = chunk_signal if chunk_done else None
@@ -461,6 +470,7 @@ class Trainer(ReadsPlan):
             else:
                 if seen == 0:
                     raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
+                self._fire(Event.BEFORE_DATALOADER)  # Composer's once more, for the loader's exhaustion
                 st.timestamp = st.timestamp.to_next_epoch(
                     duration=self._since_mark())
                 if not self.step_schedulers_every_batch and self.torch_schedulers:  # Composer's default for them
@@ -471,6 +481,7 @@ class Trainer(ReadsPlan):
                 if self._due(self.save_interval, TimeUnit.EPOCH) or \
                         self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
                     self._save()
+                self._fire(Event.EPOCH_CHECKPOINT)
                 if stop_signal is not None:
                     self._preempted(stop_signal)
                 continue
@@ -508,11 +519,16 @@ class Trainer(ReadsPlan):
         elif isinstance(eval_dataloader, (Evaluator, list, tuple)):
             sets = [self._eval_set(ev) for ev in as_evaluators(eval_dataloader)]
         else:
-            return self._evaluate(eval_dataloader, subset_num_batches, label)
-        metrics = {}
-        for ev in sets:
+            sets = None
+        self._fire(Event.EVAL_STANDALONE_START)
+        self._fire(Event.EVAL_BEFORE_ALL)
+        if sets is None:
+            metrics = self._evaluate(eval_dataloader, subset_num_batches, label)
+        for ev in sets or ():
             metrics = self._evaluate(ev.loader, subset_num_batches if subset_num_batches != -1 else ev.subset,
                                      ev.label, spec=ev.spec, metric_names=ev.metric_names)
+        self._fire(Event.EVAL_AFTER_ALL)
+        self._fire(Event.EVAL_STANDALONE_END)
         return metrics
 
     def _eval_set(self, ev: Evaluator) -> EvalSet:
@@ -547,6 +563,9 @@ class Trainer(ReadsPlan):
                 break
             batch = as_batch(raw)
             count += _batch_size(batch)
+            self.state.batch = batch  # as Composer's state.batch during evaluation (unpadded, on the host)
+            for event in (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD):
+                self._fire(event)  # (the forward runs in the compiled eval step, between the last two)
             if host is not None:  # unpadded: the metrics see exactly the loader's examples
                 host.update(batch, self._predict_fn(spec)(self.state.train_state, batch))
             else:  # each batch's sums stay on the device until the end: no sync per batch
@@ -554,7 +573,6 @@ class Trainer(ReadsPlan):
                 padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
                 parts.append(self._eval_steps[key](self.state.train_state, *padded))
             self.state.eval_timestamp = self.state.eval_timestamp.to_next_batch(samples=_batch_size(batch))
-            self.state.batch = batch  # as Composer's state.batch during evaluation (unpadded, on the host)
             self._fire(Event.EVAL_BATCH_END)
         if count == 0:
             raise ConfigurationError("eval_dataloader: yielded no examples")
@@ -579,10 +597,14 @@ class Trainer(ReadsPlan):
             if subset_num_batches >= 0 and i >= subset_num_batches:
                 break
             batch = as_batch(raw)
+            self.state.batch = batch
+            for event in (Event.PREDICT_BATCH_START, Event.PREDICT_BEFORE_FORWARD):
+                self._fire(event)
             out = jax.tree.map(to_user, fn(self.state.train_state, batch))
             if return_outputs:
                 outputs.append(out)
             self.state.predict_outputs = out
+            self._fire(Event.PREDICT_AFTER_FORWARD)
             self.state.predict_timestamp = self.state.predict_timestamp.to_next_batch(samples=_batch_size(batch))
             self._fire(Event.PREDICT_BATCH_END)
         self.state.predict_outputs = None
@@ -735,13 +757,30 @@ class Trainer(ReadsPlan):
         return self.profiler.marker(name, **kwargs) if self.profiler is not None else contextlib.nullcontext()
 
     def _fire(self, event: Event) -> None:
-        """Algorithms first, then callbacks and loggers; at INIT the other way round (Composer's engine)."""
-        if self.engine is not None and event is not Event.INIT:
+        """Algorithms first, then callbacks and loggers; at INIT the other way round (Composer's engine). At the
+        in-step events the algorithms ran inside the step; the callbacks hear of them after it."""
+        host_algorithms = self.engine is not None and event not in IN_STEP_EVENTS
+        if host_algorithms and event is not Event.INIT:
             self.engine.run_host(event, self.state, self.logger)
-        for cb in self.callbacks:
+        listeners = self._listeners.get(event)
+        if listeners is None:  # who handles the event, found once: most callbacks handle a few of Composer's 40
+            listeners = self._listeners[event] = [
+                cb for cb in self.callbacks if type(cb).run_event is not Callback.run_event
+                or callable(getattr(cb, event.value, None))]
+        for cb in listeners:
             cb.run_event(event, self.state, self.logger)
-        if self.engine is not None and event is Event.INIT:
+        if host_algorithms and event is Event.INIT:
             self.engine.run_host(event, self.state, self.logger)
+
+    def _fire_step_events(self, batch_size: int) -> None:
+        """The events inside the step that just ran, to the callbacks, in Composer's order: the forward-to-backward
+        ones once per microbatch, then AFTER_TRAIN_BATCH. ``state.loss`` is the step's loss (a device scalar);
+        ``state.outputs`` stays inside the step."""
+        n = 1 if not isinstance(self.microbatch_size, int) else max(batch_size // self.microbatch_size, 1)
+        for _ in range(n):
+            for event in _MICROBATCH_EVENTS:
+                self._fire(event)
+        self._fire(Event.AFTER_TRAIN_BATCH)
 
     def _prepare_algorithms(self, batch: dict, stage) -> tuple[dict, Any, Any]:
         """The users' algorithms before a step (``AlgorithmEngine.prepare_step``): the batch (changed on the host
@@ -851,9 +890,12 @@ class Trainer(ReadsPlan):
                if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
         if due:
             self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
+            self._fire(Event.EVAL_BEFORE_ALL)
         for ev in due:
             with self._marker(f"eval/{ev.label}"):
                 self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
+        if due:
+            self._fire(Event.EVAL_AFTER_ALL)
         return bool(due)
 
     def _done(self) -> bool:

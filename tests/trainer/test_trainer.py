@@ -145,9 +145,17 @@ def test_events_fire_in_composer_order():
             seen.append(event)
 
     make(max_duration="2ba", eval_interval="2ba", callbacks=[Recorder()]).fit()
-    order = [e for e in seen if e not in (Event.EVAL_BATCH_END,)]
-    assert order == [Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.BATCH_START, Event.BATCH_END,
-                     Event.BATCH_START, Event.BATCH_END, Event.EVAL_START, Event.EVAL_END, Event.FIT_END]
+    per_eval_batch = (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD,
+                      Event.EVAL_BATCH_END)
+    order = [e for e in seen if e not in per_eval_batch]
+    batch = [Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER, Event.BATCH_START, Event.BEFORE_TRAIN_BATCH,
+             Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD,
+             Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH, Event.BATCH_END]
+    evaluation = [Event.EVAL_BEFORE_ALL, Event.EVAL_START, Event.EVAL_END, Event.EVAL_AFTER_ALL]
+    assert order == [Event.INIT, Event.FIT_START, Event.EPOCH_START, *batch, Event.BATCH_CHECKPOINT,
+                     *batch, *evaluation, Event.BATCH_CHECKPOINT, Event.FIT_END]
+    eval_batches = seen[seen.index(Event.EVAL_START) + 1:seen.index(Event.EVAL_END)]
+    assert eval_batches == list(per_eval_batch) * (len(eval_batches) // 4) and eval_batches
 
 
 def test_threshold_stopper_stops_early():
