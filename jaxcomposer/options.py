@@ -196,8 +196,12 @@ TRAINER_OBJECTS: tuple[Option, ...] = (
                                     "one) or a one-element list of it; default DecoupledSGDW(lr=0.1), as Composer"),
     Option("schedulers", Any, None, "Composer schedulers from jaxcomposer.optim, one or a list; their multipliers "
                                     "compose"),
-    Option("algorithms", Any, None, "speedup methods from jaxcomposer.algorithms, composed in one step; conflicts "
-                                    "raise"),
+    Option("algorithms", Any, None, "speedup methods from jaxcomposer.algorithms, composed in one step (conflicts "
+                                    "raise), and your own Composer Algorithm subclasses (match/apply; the in-step "
+                                    "events run inside the compiled step)"),
+    Option("algorithm_passes", Any, None, "Composer's engine passes for your Algorithms: fn(algorithms, event) -> "
+                                          "algorithms, one or a list, applied in order after the default ones "
+                                          "(AFTER_* events run last in, first out)"),
     Option("callbacks", Any, None, "host callbacks run at Composer's events"),
     Option("loggers", Any, None, "logger destinations (jaxcomposer.loggers)"),
     Option("devices", Any, None, "the devices of the data-parallel mesh (default: all)"),

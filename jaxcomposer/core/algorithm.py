@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxcomposer.core.events import Event
+from jaxcomposer.errors import ConfigurationError
 
 
 class Algorithm:
@@ -78,7 +79,26 @@ def is_algorithm(obj: Any) -> bool:
                                           and callable(getattr(obj, "apply", None)))
 
 
-def run_order(algorithms: list, event: Event) -> list:
-    """Composer's engine order for the algorithms that matched ``event``: list order, reversed for ``AFTER_*``
-    events (``set_filo_order``), so that what ``BEFORE_LOSS`` A, B did is undone at ``AFTER_LOSS`` as B, A."""
+def set_filo_order(algorithms: list, event: Event) -> list:
+    """Composer's default pass: list order, reversed for ``AFTER_*`` events, so that what ``BEFORE_LOSS`` A, B did
+    is undone at ``AFTER_LOSS`` as B, A."""
     return list(reversed(algorithms)) if event.value.startswith("after") else list(algorithms)
+
+
+def as_passes(passes) -> tuple:
+    """``algorithm_passes`` (one pass or a sequence of them) as a tuple, checked: each is ``fn(algorithms, event)
+    -> algorithms``."""
+    passes = () if passes is None else tuple(passes) if isinstance(passes, (list, tuple)) else (passes,)
+    for i, p in enumerate(passes):
+        if not callable(p):
+            raise ConfigurationError(f"algorithm_passes[{i}]: got {p!r}, expected a function (algorithms, event) -> "
+                                     "algorithms, as Composer's engine passes")
+    return passes
+
+
+def run_order(algorithms: list, event: Event, passes: tuple = ()) -> list:
+    """Composer's engine order for the algorithms that matched ``event``: the default pass, then the user's."""
+    ordered = set_filo_order(algorithms, event)
+    for p in passes:
+        ordered = list(p(ordered, event))
+    return ordered

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcomposer.core.algorithm import run_order
+from jaxcomposer.core.algorithm import as_passes, run_order
 from jaxcomposer.core.events import IN_STEP_EVENTS, Event
 from jaxcomposer.core.method import Method, StepCtx
 from jaxcomposer.errors import ConfigurationError
@@ -185,8 +185,11 @@ class AlgorithmEngine:
     """Runs a list of users' algorithms: :meth:`run_host` at host events, :meth:`prepare_step` before each train
     step (match, replay, variant), and :meth:`method`, the slots that evaluate the replayed programs in the step."""
 
-    def __init__(self, algorithms: list, *, pair_batches: bool):
+    def __init__(self, algorithms: list, *, pair_batches: bool, passes=None, methods: tuple = ()):
         self.algorithms = list(algorithms)
+        self.passes = as_passes(passes)
+        self.methods = tuple(methods)  # the recipe's built-in methods, for reporting edits of the same field
+        self._reported: set = set()
         self.pair_batches = pair_batches
         self.host_mode: set[int] = set()  # AFTER_DATALOADER applies that run on the host batch
         self.variants: dict[tuple, int] = {}  # programs' structures -> variant id
@@ -225,7 +228,7 @@ class AlgorithmEngine:
 
     # ---- host events ----
     def run_host(self, event: Event, state: Any, logger: Any) -> None:
-        for alg in run_order([a for a in self.algorithms if a.match(event, state)], event):
+        for alg in run_order([a for a in self.algorithms if a.match(event, state)], event, self.passes):
             alg.apply(event, state, logger)
 
     # ---- before each train step ----
@@ -238,7 +241,7 @@ class AlgorithmEngine:
         (``step_batch_avals(batch)``), as its loss gets it (``loss_batch_avals``: a microbatch), the forward's
         outputs (``output_avals(microbatch avals)``), the params. Returns ``(batch, variant, captured arrays)``;
         variant None when nothing matched."""
-        matched = {e: run_order([i for i, a in enumerate(self.algorithms) if a.match(e, state)], e)
+        matched = {e: self._in_step_order([i for i, a in enumerate(self.algorithms) if a.match(e, state)], e)
                    for e in IN_STEP_EVENTS}
         if not any(matched.values()):
             return batch, None, ()
@@ -303,6 +306,7 @@ class AlgorithmEngine:
         key = tuple(key)
         variant = self.variants.get(key)
         if variant is None:
+            self._report_shared_edits(p for p, _, _ in recorded)
             variant = self.variants[key] = len(self.variants)
             self.programs[variant] = tuple(
                 p.with_static({k: c for k, c in enumerate(consts) if k not in changed})
@@ -313,6 +317,27 @@ class AlgorithmEngine:
         else:
             self._new_variants_in_a_row = 0
         return batch, variant, tuple(passed)
+
+    def _report_shared_edits(self, programs) -> None:
+        """Say (once, before the step compiles) where a user's algorithm changes a field at an event where a
+        built-in method of the recipe changes it too: both run, in the recipe's order, and may not compose as meant
+        (Composer's engine warns likewise when two algorithms interpolate the loss)."""
+        for p in programs:
+            for field in _changed_fields(p):
+                holders = [m.name for m in self.methods for slot in _SLOTS_EDITING.get((p.event, field), ())
+                           if getattr(m, slot, None) is not None]
+                key = (p.index, p.event, field)
+                if holders and key not in self._reported:
+                    self._reported.add(key)
+                    warnings.warn(
+                        f"algorithms: {type(self.algorithms[p.index]).__name__}.apply at {p.event.name} changes "
+                        f"state.{field}, which {holders} also change there; both run, in the order algorithms lists "
+                        "them: check that they compose as you mean", RuntimeWarning, stacklevel=4)
+
+    def _in_step_order(self, indices: list[int], event: Event) -> list[int]:
+        """``run_order`` (with the user's passes) of the matched algorithms, as positions in the engine's list."""
+        position = {id(a): i for i, a in enumerate(self.algorithms)}
+        return [position[id(a)] for a in run_order([self.algorithms[i] for i in indices], event, self.passes)]
 
     def _replay(self, event: Event, indices: list[int], fields: dict, state, logger, recorded: list,
                 or_host: bool = False) -> dict | None:
@@ -445,6 +470,20 @@ class AlgorithmEngine:
 
         return Method(name=NAME, batch=batch_slot, loss=loss_slot, grad=grad_slot,
                       description="users' Composer algorithms at the in-step events")
+
+
+# (event, field) -> the built-in Method slots that change that field there (docs/design.md, "The train step")
+_SLOTS_EDITING = {**{(e, "batch"): ("batch", "data") for e in BATCH_EVENTS},
+                  **{(e, f): ("loss",) for e in FORWARD_EVENTS + LOSS_EVENTS for f in ("batch", "outputs", "loss")},
+                  (Event.AFTER_BACKWARD, "grads"): ("grad",), (Event.AFTER_TRAIN_BATCH, "grads"): ("tx",)}
+
+
+def _changed_fields(program: Program) -> list[str]:
+    """The written fields whose values the program changes (not all passed through from its inputs)."""
+    written_tree = jax.tree.unflatten(program.out_tree, list(program.jaxpr.outvars))[0]
+    inputs = set(program.jaxpr.invars)
+    return [f for f, leaves in written_tree.items()
+            if any(not isinstance(v, jax_core.Var) or v not in inputs for v in jax.tree.leaves(leaves))]
 
 
 def _digest(value) -> tuple:

@@ -85,6 +85,7 @@ class Trainer(ReadsPlan):
                  optimizers: optax.GradientTransformation | None = None, schedulers: Any = None,
                  step_schedulers_every_batch: bool | None = None, compute_training_metrics: bool = False,
                  scale_schedule_ratio: float = 1.0, algorithms: Sequence | None = None,
+                 algorithm_passes: Any = None,
                  callbacks: Callback | Sequence[Callback] | None = None,
                  loggers: LoggerDestination | Sequence[LoggerDestination] | None = None,
                  eval_interval: int | str | Time = 1, eval_subset_num_batches: int = -1,
@@ -138,13 +139,18 @@ class Trainer(ReadsPlan):
         user_algorithms = list(algorithms) if isinstance(algorithms, (list, tuple)) else \
             [] if algorithms is None else [algorithms]
         self.engine = None
+        if algorithm_passes is not None and not any(is_algorithm(a) and not isinstance(a, Method)
+                                                    for a in user_algorithms):
+            raise ConfigurationError("algorithm_passes: given, but algorithms holds no Composer Algorithm (match/"
+                                     "apply) for them to order; the built-in methods order themselves (their order)")
         if any(is_algorithm(alg) and not isinstance(alg, Method) for alg in user_algorithms):
             if a.steps_per_execution > 1:
                 raise ConfigurationError(
                     f"steps_per_execution: {a.steps_per_execution} trains several batches per call, but algorithms "
                     "holds Composer Algorithms, whose match is asked before every batch; use steps_per_execution=1")
             custom = [alg for alg in user_algorithms if not isinstance(alg, Method)]
-            self.engine = AlgorithmEngine(custom, pair_batches=False)
+            self.engine = AlgorithmEngine(custom, pair_batches=False, passes=algorithm_passes,
+                                          methods=tuple(alg for alg in user_algorithms if isinstance(alg, Method)))
             first = next(i for i, alg in enumerate(user_algorithms) if not isinstance(alg, Method))
             algorithms = [alg for alg in user_algorithms[:first] if isinstance(alg, Method)] + \
                 [self.engine.method()] + [alg for alg in user_algorithms[first:] if isinstance(alg, Method)]

@@ -404,3 +404,43 @@ def test_an_algorithms_state_dict_is_checkpointed_and_restored_by_class(tmp_path
     with pytest.raises(ConfigurationError, match=r"Counter.state_dict\(\) returned .* cannot hold"):
         unsaveable.save_checkpoint(tmp_path / "never")
     assert not (tmp_path / "never").exists()
+
+
+def test_algorithm_passes_reorder_as_composers_engine():
+    order = []
+
+    class Named(Algorithm):
+        def __init__(self, name):
+            self.name = name
+
+        def match(self, event, state):
+            return event in (Event.BEFORE_LOSS, Event.EPOCH_END)
+
+        def apply(self, event, state, logger):
+            order.append((event.name, self.name))
+
+    reverse = lambda algorithms, event: list(reversed(algorithms))  # noqa: E731 (a Composer pass)
+    train([Named("a"), Named("b")], algorithm_passes=[reverse])
+    assert order == [("BEFORE_LOSS", "b"), ("BEFORE_LOSS", "a")] * BATCHES + [("EPOCH_END", "b"), ("EPOCH_END", "a")]
+    with pytest.raises(ConfigurationError, match="algorithm_passes"):
+        train([], algorithm_passes=[reverse])
+
+
+def test_an_edit_of_a_field_a_built_in_method_also_edits_is_reported_before_compiling():
+    from jaxcomposer.algorithms import GradientClipping
+    with pytest.warns(RuntimeWarning, match=r"Edit.apply at AFTER_TRAIN_BATCH changes state.grads, which "
+                                            r"\['GradientClipping'\] also change there"):
+        train([GradientClipping("norm", 1.0), Edit(Event.AFTER_TRAIN_BATCH, _half_grads)])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading the gradients only, or another field: nothing to report
+        train([GradientClipping("norm", 1.0), Edit(Event.AFTER_LOSS, _double_loss)])
+
+
+def test_loss_events_run_per_microbatch_with_gradient_accumulation():
+    alg = Edit(Event.AFTER_LOSS, _double_loss)
+    got = train([alg], device_train_microbatch_size=16)
+    want = train(lr=0.2, device_train_microbatch_size=16)
+    assert alg.calls == BATCHES  # replayed once per batch: the program runs on each microbatch inside the step
+    for a, b in zip(params(got), params(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
