@@ -69,7 +69,9 @@ _DROPPED = {e: ("batch", "outputs") for e in LOSS_EVENTS}
 _WAY_OUT = {**{e: "edit state.batch at AFTER_DATALOADER instead, where an apply that cannot be traced runs on the "
                   "host batch" for e in BATCH_EVENTS + FORWARD_EVENTS},
             **{e: "compute it with jax.numpy (jax.lax.cond in place of an `if` on a value), or act at a host event "
-                  "(BATCH_END) on state.loss" for e in LOSS_EVENTS + GRAD_EVENTS}}
+                  "(BATCH_END) on state.loss" for e in LOSS_EVENTS},
+            **{e: "edit state.grads (a pytree shaped like the params, keyed as the model names them) with jax.numpy; "
+                  "p.grad of state.model's parameters is not set inside the compiled step" for e in GRAD_EVENTS}}
 _RECOMPILE_WARNING_AFTER = 8  # new variants in a row before the engine says why it keeps compiling
 
 

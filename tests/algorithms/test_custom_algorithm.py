@@ -444,3 +444,26 @@ def test_loss_events_run_per_microbatch_with_gradient_accumulation():
     assert alg.calls == BATCHES  # replayed once per batch: the program runs on each microbatch inside the step
     for a, b in zip(params(got), params(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_torch_style_gradient_edit_is_refused_with_the_way_to_state_grads():
+    """Composer's idiom ``p.grad`` of ``state.model.parameters()`` has no value inside the compiled step: refused at
+    the first step, naming the line and ``state.grads``."""
+    import torch
+
+    class HalfGrads(Algorithm):
+        def match(self, event, state):
+            return event == Event.AFTER_TRAIN_BATCH
+
+        def apply(self, event, state, logger):
+            for p in state.model.parameters():
+                p.grad.mul_(0.5)
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    trainer = Trainer(model=module, train_dataloader=_torch_digits_loader(), max_duration="1ba",
+                      optimizers=torch.optim.SGD(module.parameters(), lr=0.1), progress_bar=False,
+                      algorithms=[HalfGrads()])
+    with pytest.raises(ConfigurationError, match=r"HalfGrads.apply at AFTER_TRAIN_BATCH .*p.grad.mul_\(0.5\).*"
+                                                 r"edit state.grads"):
+        trainer.fit()
