@@ -17,7 +17,7 @@ from jaxcomposer.core.adapters import Adapter
 from jaxcomposer.errors import ConfigurationError
 
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask, is_composer_model
-from . import activations, callbacks, classifier, functional, kernels, methods, models
+from . import activations, algorithm_capture, callbacks, classifier, functional, kernels, methods, models
 from .data import from_dataloader
 from .kernels import autotune
 from .module import from_torch
@@ -76,7 +76,8 @@ ADAPTER = Adapter(is_model=lambda obj: isinstance(obj, torch.nn.Module), to_pure
                               "apply_gradient_clipping": functional.apply_gradient_clipping,
                               "export_for_inference": callbacks.export_for_inference,
                               "generate": callbacks.generate, "surgery_follower": SurgeryFollower,
-                              "module_activations": activations.module_activations},
+                              "module_activations": activations.module_activations,
+                              "capture_algorithm": algorithm_capture.capture},
                   kernels={"conv_general_dilated": kernels.conv_general_dilated,
                            "conv_general_dilated_auto": autotune.conv_general_dilated,
                            "conv_autotune": autotune.default_tuner},

@@ -94,6 +94,9 @@ class InStepState:
             return (batch["input"], batch["target"]) if self._pair else batch
         if name in fields:
             return fields[name]
+        if name == "model" and self._event in GRAD_EVENTS:  # its parameters' .grad would be None: say so instead
+            raise AttributeError(f"state.model at {self._event.name}: inside the compiled step the gradients are "
+                                 "state.grads (shaped like the params), not .grad of the module's parameters")
         if name in ("batch", "outputs", "loss", "grads", "params"):
             raise AttributeError(f"state.{name} is not available at {self._event.name} inside the train step (there: "
                                  f"{', '.join('state.' + f for f in fields)})")
@@ -187,8 +190,12 @@ class AlgorithmEngine:
     """Runs a list of users' algorithms: :meth:`run_host` at host events, :meth:`prepare_step` before each train
     step (match, replay, variant), and :meth:`method`, the slots that evaluate the replayed programs in the step."""
 
-    def __init__(self, algorithms: list, *, pair_batches: bool, passes=None, methods: tuple = ()):
+    def __init__(self, algorithms: list, *, pair_batches: bool, passes=None, methods: tuple = (),
+                 capture: Callable | None = None):
         self.algorithms = list(algorithms)
+        # a torch model's: capture(alg, event, fields, written, host=, pair=) -> (jax_fn, replay), torch.export'ed
+        self.capture = capture
+        self._captured: dict = {}  # (event, algorithm) -> {input shapes: replay}: applies captured from torch
         self.passes = as_passes(passes)
         self.methods = tuple(methods)  # the recipe's built-in methods, for reporting edits of the same field
         self._reported: set = set()
@@ -254,13 +261,10 @@ class AlgorithmEngine:
         recorded = []  # (program, consts, structure key)
         for i in [i for i in loading if i not in self.host_mode]:
             alg = self.algorithms[i]
-            saved = copy.copy(vars(alg))
             replayed = self._replay(Event.AFTER_DATALOADER, [i], fields, state, logger, recorded, or_host=True)
             if replayed is not None:
                 fields = replayed
             else:
-                vars(alg).clear()  # its first try left nothing behind on the algorithm
-                vars(alg).update(saved)
                 self.host_mode.add(i)
                 self._say_host_mode(i)
                 before = step_batch_avals(batch)
@@ -351,8 +355,11 @@ class AlgorithmEngine:
             written = _FIELDS[event][1]
             once_key = (event, i, jax.tree.structure(fields),
                         tuple((x.shape, x.dtype) for x in jax.tree.leaves(fields)))
-            if getattr(alg, "trace_once", False) and once_key in self._traced_once:
+            captured = (event, i) in self._captured
+            if (captured or getattr(alg, "trace_once", False)) and once_key in self._traced_once:
                 program_and_consts, out_fields = self._traced_once[once_key]
+                if captured:  # its Python (counters on self) runs once per matched batch, on meta tensors
+                    self._captured[event, i][once_key]()
                 recorded.append(program_and_consts)
                 fields = {**fields, **out_fields}
                 continue
@@ -363,24 +370,45 @@ class AlgorithmEngine:
                 alg.apply(event, view, _CollectingLogger(logger, logged, event, type(alg).__name__))
                 return {f: view._fields[f] for f in written}, logged
 
+            saved = copy.copy(vars(alg))
             try:
                 closed, out_shapes = jax.make_jaxpr(program, return_shape=True)(fields)
             except ConfigurationError:
                 raise
             except Exception as e:  # noqa: BLE001 (any failure to trace is reported with where and what to do)
+                vars(alg).clear()  # the failed try leaves nothing on the algorithm: its next run counts
+                vars(alg).update(saved)
                 if or_host:
                     return None
-                raise self._untraceable(i, event, e) from e
+                if self.capture is None:
+                    raise self._untraceable(i, event, e) from e
+                closed, out_shapes = self._capture(i, event, fields, state, e, once_key)
+                captured = True
             jaxpr, consts = lift_literals(closed.jaxpr, closed.consts)
             program = Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes))
             # what makes this program the same as another one (its variant's key), without its arrays' values
             part = (event, i, structure(jaxpr), program.in_tree, program.out_tree,
                     tuple((np.shape(c), np.result_type(c)) for c in consts))
             recorded.append((program, consts, part))
-            if getattr(alg, "trace_once", False):
+            if captured or getattr(alg, "trace_once", False):
                 self._traced_once[once_key] = recorded[-1], out_shapes[0]
             fields = {**fields, **out_shapes[0]}
         return fields
+
+    def _capture(self, i: int, event: Event, fields: dict, state, error: Exception, once_key) -> tuple:
+        """A torch model's ``apply`` that did not trace as JAX, exported with torch and lowered (``self.capture``:
+        the torch adapter's ``capture_algorithm``); its Python then replays on meta tensors before each batch."""
+        alg = self.algorithms[i]
+        try:
+            jax_fn, replay = self.capture(alg, event, fields, _FIELDS[event][1], host=state, pair=self.pair_batches)
+            closed, out_shapes = jax.make_jaxpr(lambda values: (jax_fn(values), {}), return_shape=True)(fields)
+        except Exception as torch_error:  # noqa: BLE001 (both failures are reported)
+            refusal = self._untraceable(i, event, error)
+            raise ConfigurationError(f"{refusal} Captured with torch.export instead, it failed too: "
+                                     f"{type(torch_error).__name__}: {str(torch_error)[:2000]}") from torch_error
+        self._captured.setdefault((event, i), {})[once_key] = replay
+        replay()  # this batch's run of its Python (the export's own run was undone)
+        return closed, out_shapes
 
     def _apply_on_host(self, i: int, batch: dict, state, logger, host_batch: Callable, place: Callable) -> dict:
         alg, saved = self.algorithms[i], state.batch

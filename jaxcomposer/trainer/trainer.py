@@ -248,6 +248,11 @@ class Trainer(ReadsPlan):
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
                 self.task.note_raw_batch(raw)
             self.task.bind(self._model_batch(as_batch(raw)))
+        if self.engine is not None and self.task.pure.bridged is not None:  # torch code in an apply: torch.export
+            capture = adapters.model_adapter(self.task.source).functional.get("capture_algorithm")
+            names = {key: self.task.user_param_name(key) for key in self.task.params}
+            self.engine.capture = None if capture is None else functools.partial(
+                capture, module=self.task.user_model, user_names=names)
         if self.engine is not None:  # an in-step apply sees state.batch in the loader's structure
             raw = self._first_raw_batch()
             pairs = getattr(self.train_dataloader, "yields_pairs", None)  # a converted loader says what it read

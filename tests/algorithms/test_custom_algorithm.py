@@ -446,10 +446,28 @@ def test_loss_events_run_per_microbatch_with_gradient_accumulation():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_torch_style_gradient_edit_is_refused_with_the_way_to_state_grads():
-    """Composer's idiom ``p.grad`` of ``state.model.parameters()`` has no value inside the compiled step: refused at
-    the first step, naming the line and ``state.grads``."""
+def _torch_linear():
     import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+
+def test_torch_code_in_an_in_step_apply_is_captured_with_torch_export():
+    """Composer-style torch code at in-step events of a torch model: ``torch.mul`` on the loss and Composer's idiom
+    ``p.grad.mul_`` over ``state.model.parameters()`` do not trace as JAX; they are exported with torch, lowered
+    into the step, and train as eager torch would (loss x4, gradients x0.5: twice the step)."""
+    import torch
+
+    class TorchLossScale(Algorithm):
+        def __init__(self):
+            self.calls = 0
+
+        def match(self, event, state):
+            return event == Event.AFTER_LOSS
+
+        def apply(self, event, state, logger):
+            self.calls += 1
+            state.loss = torch.mul(state.loss, 4.0)
 
     class HalfGrads(Algorithm):
         def match(self, event, state):
@@ -457,13 +475,38 @@ def test_a_torch_style_gradient_edit_is_refused_with_the_way_to_state_grads():
 
         def apply(self, event, state, logger):
             for p in state.model.parameters():
-                p.grad.mul_(0.5)
+                if p.grad is not None:
+                    p.grad.mul_(0.5)
 
-    torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    module, scale = _torch_linear(), TorchLossScale()
+    trainer = Trainer(model=module, train_dataloader=_torch_digits_loader(), max_duration="3ba",
+                      optimizers=torch.optim.SGD(module.parameters(), lr=0.1), progress_bar=False, seed=0,
+                      algorithms=[scale, HalfGrads()])
+    trainer.fit()
+    assert scale.calls == 3  # its Python ran once per batch (the export's own run undone)
+    assert len(trainer.engine._captured) == 2 and len(trainer.engine.variants) == 1
+    reference = _torch_linear()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.2)
+    for x, y in _torch_digits_loader():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+    for (name, got), want in zip(module.state_dict().items(), reference.state_dict().values()):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_an_apply_neither_jax_nor_torch_export_can_capture_is_refused_with_both_reasons():
+    class BranchOnTheLoss(Algorithm):
+        def match(self, event, state):
+            return event == Event.AFTER_LOSS
+
+        def apply(self, event, state, logger):
+            if state.loss.item() > 1.0:  # a value on the host: neither traces
+                state.loss = state.loss * 0.5
+
+    module = _torch_linear()
     trainer = Trainer(model=module, train_dataloader=_torch_digits_loader(), max_duration="1ba",
-                      optimizers=torch.optim.SGD(module.parameters(), lr=0.1), progress_bar=False,
-                      algorithms=[HalfGrads()])
-    with pytest.raises(ConfigurationError, match=r"HalfGrads.apply at AFTER_TRAIN_BATCH .*p.grad.mul_\(0.5\).*"
-                                                 r"edit state.grads"):
+                      progress_bar=False, algorithms=[BranchOnTheLoss()])
+    with pytest.raises(ConfigurationError, match=r"(?s)BranchOnTheLoss.apply at AFTER_LOSS .*state.loss.item\(\).*"
+                                                 r"torch.export instead, it failed too"):
         trainer.fit()

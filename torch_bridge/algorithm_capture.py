@@ -1,0 +1,184 @@
+"""A user's Composer ``Algorithm`` whose in-step ``apply`` is torch code, captured with ``torch.export`` and lowered
+to JAX, so it runs inside the compiled step of a torch model as the model itself does.
+
+The engine (``jaxcomposer/core/algorithm_engine.py``) first traces ``apply`` as JAX; when that fails on a torch
+model it calls :func:`capture`. The ``apply`` then runs inside ``torch.export`` on tensors of the fields' shapes,
+with Composer's view of them: ``state.batch`` (a pair stays a pair), ``state.outputs``, ``state.loss`` and, at the
+gradient events, ``state.model.parameters()`` whose ``.grad`` are the step's gradients, so Composer's idiom
+``for p in state.model.parameters(): p.grad.mul_(0.5)`` is captured as it is written. The exported graph is lowered
+with the bridge's op table (``interpreter.run_graph``) into the step.
+
+A captured ``apply`` is exported once per input shape. Its Python runs again before every matched batch on meta
+tensors (``replay``), so counters on ``self`` count batches as under Composer; values drawn on the host inside it
+are fixed at export (the bridge warns when an export draws from the host generators).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.export.graph_signature import OutputKind
+
+from .export import export_module, to_program
+from .interpreter import run_graph
+
+
+def _torch_dtype(dtype) -> torch.dtype:
+    # JAX holds torch's int64 labels as int32 (x64 off): torch code gets the int64 it was written for
+    if np.dtype(dtype) == np.int32:
+        return torch.int64
+    return torch.from_numpy(np.zeros((), dtype)).dtype
+
+
+class _ModelView:
+    """``state.model`` at the gradient events: the user's module, except that ``parameters()`` and
+    ``named_parameters()`` give the step's weights with ``.grad`` set to the step's gradients."""
+
+    def __init__(self, module: torch.nn.Module, named: dict[str, torch.Tensor]):
+        self._module, self._named = module, named
+
+    def parameters(self, recurse: bool = True):
+        return iter(self._named.values())
+
+    def named_parameters(self, *args, **kwargs):
+        return iter(self._named.items())
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+class _TorchState:
+    """``state`` for a captured ``apply``: the event's fields as tensors, the rest from the run's state."""
+
+    def __init__(self, fields: dict, host: Any, pair: bool, model: Any):
+        object.__setattr__(self, "_fields", fields)
+        object.__setattr__(self, "_host", host)
+        object.__setattr__(self, "_pair", pair)
+        object.__setattr__(self, "_model", model)
+
+    def __getattr__(self, name: str):
+        fields = object.__getattribute__(self, "_fields")
+        if name == "batch" and "batch" in fields:
+            batch = fields["batch"]
+            return (batch["input"], batch["target"]) if self._pair else batch
+        if name in fields:
+            return fields[name]
+        if name == "model" and self._model is not None:
+            return self._model
+        return getattr(self._host, name)
+
+    def __setattr__(self, name: str, value: Any):
+        if name == "batch" and isinstance(value, (tuple, list)):
+            value = {"input": value[0], "target": value[1]}
+        self._fields[name] = value
+
+    def batch_get_item(self, key):
+        batch = self.batch
+        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
+            key = ("input", "target")[key]
+        return batch[key]
+
+    def batch_set_item(self, key, value) -> None:
+        batch = self.batch
+        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
+            key = ("input", "target")[key]
+        if isinstance(batch, tuple):
+            batch = tuple(value if i == key else v for i, v in enumerate(batch))
+        else:
+            batch = {**batch, key: value}
+        self.batch = batch
+
+
+class _NoLogger:
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
+def _run_apply(alg, event, fields: dict, written: tuple, host, pair: bool, module, user_names: dict) -> dict:
+    """``apply`` on torch ``fields``; returns the written fields (gradients read back from ``.grad``)."""
+    model = None
+    if "grads" in fields and module is not None:
+        named = {}
+        for key, weight in fields["params"].items():
+            weight.grad = fields["grads"][key]
+            named[user_names.get(key, key)] = weight
+        model = _ModelView(module, named)
+    state = _TorchState(dict(fields), host, pair, model)
+    alg.apply(event, state, _NoLogger())
+    out = {f: state._fields[f] for f in written}
+    if model is not None and out["grads"] is fields["grads"]:  # edited through p.grad, not state.grads
+        out["grads"] = {key: fields["params"][key].grad for key in fields["grads"]}
+    return out
+
+
+def _program(ep):
+    """``export.to_program``, except that in-place edits of the inputs (``p.grad.mul_``) are allowed: the exported
+    function returns every written field, so their final values are among its own outputs, and the graph's outputs
+    for the edits themselves are marked ``("mutation", name)`` and dropped."""
+    specs = ep.graph_signature.output_specs
+    mutations = [spec for spec in specs if spec.kind == OutputKind.USER_INPUT_MUTATION]
+    if not mutations:
+        return to_program(ep)
+    original = list(specs)
+    specs[:] = [spec for spec in original if spec.kind != OutputKind.USER_INPUT_MUTATION]  # to_program checks these
+    try:
+        program = to_program(ep)
+    finally:
+        specs[:] = original
+    outputs = tuple(("mutation", spec.target) if spec.kind == OutputKind.USER_INPUT_MUTATION else ("user", None)
+                    for spec in original)
+    return dataclasses.replace(program, outputs=outputs)
+
+
+def capture(alg, event, fields: dict, written: tuple, *, host: Any, pair: bool, module: Any,
+            user_names: dict[str, str]) -> tuple[Callable, Callable]:
+    """``(jax_fn, replay)``: ``jax_fn(fields) -> written fields`` is ``apply`` exported with tensors of ``fields``'
+    shapes (abstract values) and lowered to JAX; ``replay()`` runs ``apply``'s Python on meta tensors of the same
+    shapes (for its side effects, before each matched batch)."""
+    leaves, treedef = jax.tree.flatten(fields)
+    out_tree: list = []
+
+    class Capture(torch.nn.Module):
+        def forward(self, *tensors):
+            out = _run_apply(alg, event, jax.tree.unflatten(treedef, list(tensors)), written, host, pair, module,
+                             user_names)
+            flat, tree = jax.tree.flatten(out)
+            out_tree.append(tree)
+            return tuple(flat)
+
+    examples = tuple(torch.zeros(x.shape, dtype=_torch_dtype(x.dtype)) for x in leaves)
+    saved = dict(vars(alg))
+    try:
+        ep = export_module(Capture(), examples, train=False, dynamic_batch=False)
+    finally:  # the export ran apply's Python once; the step's replays count the batches
+        vars(alg).clear()
+        vars(alg).update(saved)
+    program = _program(ep)
+    constants = {**ep.constants, **ep.state_dict}
+    out_treedef = out_tree[-1]
+
+    def jax_fn(values: dict) -> dict:
+        flat_in = jax.tree.leaves(values)
+        placeholders = [flat_in[where] if kind == "user" else jnp.asarray(constants[where].detach().numpy())
+                        for kind, where in program.inputs]
+        flat = [v for v, (kind, _) in zip(run_graph(program.graph, placeholders, None), program.outputs)
+                if kind == "user"]
+        out = jax.tree.unflatten(out_treedef, flat)
+        for f in out:  # back in the step's dtypes where the field keeps its structure (int64 labels -> int32)
+            if f in values and jax.tree.structure(out[f]) == jax.tree.structure(values[f]):
+                out[f] = jax.tree.map(lambda v, like: v.astype(like.dtype), out[f], values[f])
+        return out
+
+    def replay() -> None:
+        meta = jax.tree.unflatten(treedef, [torch.empty(x.shape, dtype=_torch_dtype(x.dtype), device="meta")
+                                            for x in leaves])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _run_apply(alg, event, meta, written, host, pair, module, user_names)
+
+    return jax_fn, replay
