@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.export.graph_signature import OutputKind
 
+from jaxcomposer.errors import ConfigurationError
+
 from .export import export_module, to_program
 from .interpreter import run_graph
 
@@ -94,7 +96,14 @@ class _TorchState:
         self.batch = batch
 
 
-class _NoLogger:
+class _CaptureLogger:
+    """The ``logger`` of a captured ``apply``: its values would be export-time tensors, so logging is refused
+    (and with it the capture, which the engine then reports)."""
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        raise ConfigurationError("logger.log_metrics in an apply captured from torch code: the values are not the "
+                                 "step's; log them from JAX code (jax.numpy on state.loss) or at a host event")
+
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
 
@@ -109,7 +118,7 @@ def _run_apply(alg, event, fields: dict, written: tuple, host, pair: bool, modul
             named[user_names.get(key, key)] = weight
         model = _ModelView(module, named)
     state = _TorchState(dict(fields), host, pair, model)
-    alg.apply(event, state, _NoLogger())
+    alg.apply(event, state, _CaptureLogger())
     out = {f: state._fields[f] for f in written}
     if model is not None and out["grads"] is fields["grads"]:  # edited through p.grad, not state.grads
         out["grads"] = {key: fields["params"][key].grad for key in fields["grads"]}
