@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.export.graph_signature import OutputKind
 
+from jaxcomposer.core.algorithm_engine import FieldsView, as_batch_dict
 from jaxcomposer.errors import ConfigurationError
 
 from .export import export_module, to_program
@@ -54,46 +55,23 @@ class _ModelView:
         return getattr(self._module, name)
 
 
-class _TorchState:
-    """``state`` for a captured ``apply``: the event's fields as tensors, the rest from the run's state."""
+class _TorchState(FieldsView):
+    """``state`` for a captured ``apply``: the event's fields as tensors (``state.model`` at the gradient events is
+    the :class:`_ModelView`), the rest from the run's state."""
 
     def __init__(self, fields: dict, host: Any, pair: bool, model: Any):
-        object.__setattr__(self, "_fields", fields)
-        object.__setattr__(self, "_host", host)
-        object.__setattr__(self, "_pair", pair)
+        super().__init__(fields, host, pair)
         object.__setattr__(self, "_model", model)
 
     def __getattr__(self, name: str):
-        fields = object.__getattribute__(self, "_fields")
-        if name == "batch" and "batch" in fields:
-            batch = fields["batch"]
-            return (batch["input"], batch["target"]) if self._pair else batch
-        if name in fields:
-            return fields[name]
+        if name in object.__getattribute__(self, "_fields"):
+            return self._field(name)
         if name == "model" and self._model is not None:
             return self._model
         return getattr(self._host, name)
 
     def __setattr__(self, name: str, value: Any):
-        if name == "batch" and isinstance(value, (tuple, list)):
-            value = {"input": value[0], "target": value[1]}
-        self._fields[name] = value
-
-    def batch_get_item(self, key):
-        batch = self.batch
-        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
-            key = ("input", "target")[key]
-        return batch[key]
-
-    def batch_set_item(self, key, value) -> None:
-        batch = self.batch
-        if isinstance(batch, dict) and isinstance(key, int) and key not in batch:
-            key = ("input", "target")[key]
-        if isinstance(batch, tuple):
-            batch = tuple(value if i == key else v for i, v in enumerate(batch))
-        else:
-            batch = {**batch, key: value}
-        self.batch = batch
+        self._fields[name] = as_batch_dict(value) if name == "batch" else value
 
 
 class _CaptureLogger:

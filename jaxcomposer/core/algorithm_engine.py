@@ -75,43 +75,25 @@ _WAY_OUT = {**{e: "edit state.batch at AFTER_DATALOADER instead, where an apply 
 _RECOMPILE_WARNING_AFTER = 8  # new variants in a row before the engine says why it keeps compiling
 
 
-class InStepState:
-    """``state`` as an in-step ``apply`` sees it: the event's fields as JAX values, everything else read from the
-    run's :class:`~jaxcomposer.core.events.RunState` (timestamp, max_duration, ...: this batch's host values).
+class FieldsView:
+    """What every in-step view of the state shares: the event's fields, ``state.batch`` in the loader's structure
+    (an ``(input, target)`` pair stays a pair) and Composer's ``batch_get_item``/``batch_set_item``; anything else
+    is read from the run's :class:`~jaxcomposer.core.events.RunState`."""
 
-    ``state.batch`` has the loader's structure: an ``(input, target)`` pair stays a pair."""
-
-    def __init__(self, event: Event, fields: dict, host: Any, pair: bool):
-        object.__setattr__(self, "_event", event)
+    def __init__(self, fields: dict, host: Any, pair: bool):
         object.__setattr__(self, "_fields", dict(fields))
         object.__setattr__(self, "_host", host)
         object.__setattr__(self, "_pair", pair)
 
-    def __getattr__(self, name: str):
+    def _field(self, name: str):
+        """The field ``name`` (the batch in the loader's structure); AttributeError when the event has none."""
         fields = object.__getattribute__(self, "_fields")
-        if name == "batch" and "batch" in fields:
+        if name not in fields:
+            raise AttributeError(name)
+        if name == "batch":
             batch = fields["batch"]
             return (batch["input"], batch["target"]) if self._pair else batch
-        if name in fields:
-            return fields[name]
-        if name == "model" and self._event in GRAD_EVENTS:  # its parameters' .grad would be None: say so instead
-            raise AttributeError(f"state.model at {self._event.name}: inside the compiled step the gradients are "
-                                 "state.grads (shaped like the params), not .grad of the module's parameters")
-        if name in ("batch", "outputs", "loss", "grads", "params"):
-            raise AttributeError(f"state.{name} is not available at {self._event.name} inside the train step (there: "
-                                 f"{', '.join('state.' + f for f in fields)})")
-        return getattr(self._host, name)
-
-    def __setattr__(self, name: str, value: Any):
-        writable = _FIELDS[self._event][1]
-        if name in _DROPPED.get(self._event, ()):
-            return
-        if name not in writable:
-            raise AttributeError(f"state.{name} cannot be set at {self._event.name} inside the train step (writable "
-                                 f"there: {', '.join('state.' + f for f in writable)})")
-        if name == "batch":
-            value = _as_batch_dict(value)
-        self._fields[name] = value
+        return fields[name]
 
     def batch_get_item(self, key):
         """Composer's ``state.batch_get_item``: by index into a pair, or by key into a dict batch (0 and 1 name
@@ -132,7 +114,38 @@ class InStepState:
         self.batch = batch
 
 
-def _as_batch_dict(batch) -> dict:
+class InStepState(FieldsView):
+    """``state`` as an in-step ``apply`` sees it while it is traced: the event's fields as JAX values, everything
+    else read from the run's state (timestamp, max_duration, ...: this batch's host values)."""
+
+    def __init__(self, event: Event, fields: dict, host: Any, pair: bool):
+        super().__init__(fields, host, pair)
+        object.__setattr__(self, "_event", event)
+
+    def __getattr__(self, name: str):
+        if name in object.__getattribute__(self, "_fields"):
+            return self._field(name)
+        if name == "model" and self._event in GRAD_EVENTS:  # its parameters' .grad would be None: say so instead
+            raise AttributeError(f"state.model at {self._event.name}: inside the compiled step the gradients are "
+                                 "state.grads (shaped like the params), not .grad of the module's parameters")
+        if name in ("batch", "outputs", "loss", "grads", "params"):
+            raise AttributeError(f"state.{name} is not available at {self._event.name} inside the train step (there: "
+                                 f"{', '.join('state.' + f for f in self._fields)})")
+        return getattr(self._host, name)
+
+    def __setattr__(self, name: str, value: Any):
+        writable = _FIELDS[self._event][1]
+        if name in _DROPPED.get(self._event, ()):
+            return
+        if name not in writable:
+            raise AttributeError(f"state.{name} cannot be set at {self._event.name} inside the train step (writable "
+                                 f"there: {', '.join('state.' + f for f in writable)})")
+        if name == "batch":
+            value = as_batch_dict(value)
+        self._fields[name] = value
+
+
+def as_batch_dict(batch) -> dict:
     if isinstance(batch, (tuple, list)):
         if len(batch) != 2:
             raise ConfigurationError(f"state.batch: a tuple batch is (input, target), got {len(batch)} items")
