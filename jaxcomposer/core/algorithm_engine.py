@@ -311,8 +311,13 @@ class AlgorithmEngine:
             grad_fields = self._replay(event, matched[event], grad_fields, state, logger, recorded)
         if not recorded:
             return batch, None, ()
-        # Constants are compiled in while they keep their first value (XLA specializes on them, as it does on a
-        # built-in method's); one that changes is passed with each step from then on (one more compile, then none)
+        variant, passed = self._variant(recorded)
+        return batch, variant, passed
+
+    def _variant(self, recorded: list) -> tuple[int, tuple]:
+        """The variant of the step for these recorded programs, and the constants passed into it. Constants are
+        compiled in while they keep their first value (XLA specializes on them, as on a built-in method's); one
+        that changes is passed with each step from then on (one more compile, then none)."""
         key, passed = [], []
         for _, consts, part in recorded:
             digests = tuple(_digest(c) for c in consts)
@@ -332,10 +337,10 @@ class AlgorithmEngine:
                 for (p, consts, _), (_, changed, _) in zip(recorded, key))
             self._new_variants_in_a_row += 1
             if self._new_variants_in_a_row == _RECOMPILE_WARNING_AFTER:
-                warnings.warn(self._recompiling_message(), RuntimeWarning, stacklevel=2)
+                warnings.warn(self._recompiling_message(), RuntimeWarning, stacklevel=3)
         else:
             self._new_variants_in_a_row = 0
-        return batch, variant, tuple(passed)
+        return variant, tuple(passed)
 
     def _report_shared_edits(self, programs) -> None:
         """Say (once, before the step compiles) where a user's algorithm changes a field at an event where a
