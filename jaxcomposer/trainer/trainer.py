@@ -138,22 +138,22 @@ class Trainer(ReadsPlan):
         # users' Composer Algorithms (match/apply) run through one engine, a Method among the built-in ones
         user_algorithms = list(algorithms) if isinstance(algorithms, (list, tuple)) else \
             [] if algorithms is None else [algorithms]
+        custom = [alg for alg in user_algorithms if is_algorithm(alg) and not isinstance(alg, Method)]
         self.engine = None
-        if algorithm_passes is not None and not any(is_algorithm(a) and not isinstance(a, Method)
-                                                    for a in user_algorithms):
+        if algorithm_passes is not None and not custom:
             raise ConfigurationError("algorithm_passes: given, but algorithms holds no Composer Algorithm (match/"
                                      "apply) for them to order; the built-in methods order themselves (their order)")
-        if any(is_algorithm(alg) and not isinstance(alg, Method) for alg in user_algorithms):
+        if custom:
             if a.steps_per_execution > 1:
                 raise ConfigurationError(
                     f"steps_per_execution: {a.steps_per_execution} trains several batches per call, but algorithms "
                     "holds Composer Algorithms, whose match is asked before every batch; use steps_per_execution=1")
-            custom = [alg for alg in user_algorithms if not isinstance(alg, Method)]
             self.engine = AlgorithmEngine(custom, pair_batches=False, passes=algorithm_passes,
                                           methods=tuple(alg for alg in user_algorithms if isinstance(alg, Method)))
-            first = next(i for i, alg in enumerate(user_algorithms) if not isinstance(alg, Method))
-            algorithms = [alg for alg in user_algorithms[:first] if isinstance(alg, Method)] + \
-                [self.engine.method()] + [alg for alg in user_algorithms[first:] if isinstance(alg, Method)]
+            # the engine's Method takes the first user algorithm's place; anything else stays for compose to check
+            first = next(i for i, alg in enumerate(user_algorithms) if alg is custom[0])
+            others = lambda part: [alg for alg in part if all(alg is not c for c in custom)]  # noqa: E731
+            algorithms = others(user_algorithms[:first]) + [self.engine.method()] + others(user_algorithms[first:])
         self.composed = compose(algorithms)  # raises on method conflicts
         self.seed = a.seed if a.seed is not None else random.randrange(2**31)
         # as Composer's Trainer: the user's own draws (a torch DataLoader's shuffle) repeat with the seed

@@ -510,3 +510,8 @@ def test_an_apply_neither_jax_nor_torch_export_can_capture_is_refused_with_both_
     with pytest.raises(ConfigurationError, match=r"(?s)BranchOnTheLoss.apply at AFTER_LOSS .*state.loss.item\(\).*"
                                                  r"torch.export instead, it failed too"):
         trainer.fit()
+
+
+def test_something_neither_a_method_nor_an_algorithm_is_still_refused_beside_algorithms():
+    with pytest.raises(TypeError, match="expected jaxcomposer Method objects, got str"):
+        train([Edit(Event.AFTER_LOSS, _double_loss), "label_smoothing"])
