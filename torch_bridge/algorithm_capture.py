@@ -8,9 +8,11 @@ gradient events, ``state.model.parameters()`` whose ``.grad`` are the step's gra
 ``for p in state.model.parameters(): p.grad.mul_(0.5)`` is captured as it is written. The exported graph is lowered
 with the bridge's op table (``interpreter.run_graph``) into the step.
 
-A captured ``apply`` is exported once per input shape. Its Python runs again before every matched batch on meta
-tensors (``replay``), so counters on ``self`` count batches as under Composer; values drawn on the host inside it
-are fixed at export (the bridge warns when an export draws from the host generators).
+A captured ``apply`` is exported once per input shape. Its Python runs again before every matched batch on fake
+tensors (``replay``), so counters on ``self`` count batches as under Composer. Tensors it keeps on ``self`` (drawn
+at an earlier event, as Composer's MixUp keeps its permutation from ``AFTER_DATALOADER`` for ``AFTER_LOSS``) are
+read anew for every batch; values it draws on the host inside the captured event itself are fixed at export (the
+bridge warns when an export draws from the host generators).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import OutputKind
 
 from jaxcomposer.core.algorithm_engine import FieldsView, as_batch_dict
@@ -125,7 +128,7 @@ def _program(ep):
 def capture(alg, event, fields: dict, written: tuple, *, host: Any, pair: bool, module: Any,
             user_names: dict[str, str]) -> tuple[Callable, Callable]:
     """``(jax_fn, replay)``: ``jax_fn(fields) -> written fields`` is ``apply`` exported with tensors of ``fields``'
-    shapes (abstract values) and lowered to JAX; ``replay()`` runs ``apply``'s Python on meta tensors of the same
+    shapes (abstract values) and lowered to JAX; ``replay()`` runs ``apply``'s Python on fake tensors of the same
     shapes (for its side effects, before each matched batch)."""
     leaves, treedef = jax.tree.flatten(fields)
     out_tree: list = []
@@ -140,19 +143,37 @@ def capture(alg, event, fields: dict, written: tuple, *, host: Any, pair: bool, 
 
     examples = tuple(torch.zeros(x.shape, dtype=_torch_dtype(x.dtype)) for x in leaves)
     saved = dict(vars(alg))
+    read: set = set()
+    cls = type(alg)
+
+    class Reading(cls):  # records which of its own attributes apply reads during the export
+        def __getattribute__(self, name):
+            if not name.startswith("__") and name in object.__getattribute__(self, "__dict__"):
+                read.add(name)
+            return super().__getattribute__(name)
+
+    alg.__class__ = Reading
     try:
         ep = export_module(Capture(), examples, train=False, dynamic_batch=False)
     finally:  # the export ran apply's Python once; the step's replays count the batches
+        alg.__class__ = cls
         vars(alg).clear()
         vars(alg).update(saved)
     program = _program(ep)
     constants = {**ep.constants, **ep.state_dict}
     out_treedef = out_tree[-1]
+    # tensors the apply keeps on self (a permutation drawn at AFTER_DATALOADER, read at AFTER_LOSS) are read anew
+    # for each batch, not fixed at export
+    attributes = {name: attr for name, const in ep.constants.items() if isinstance(const, torch.Tensor)
+                  for attr, value in saved.items() if value is const}
+
+    def constant(name: str):
+        value = getattr(alg, attributes[name]) if name in attributes else constants[name]
+        return jnp.asarray(value.detach().cpu().numpy())
 
     def jax_fn(values: dict) -> dict:
         flat_in = jax.tree.leaves(values)
-        placeholders = [flat_in[where] if kind == "user" else jnp.asarray(constants[where].detach().numpy())
-                        for kind, where in program.inputs]
+        placeholders = [flat_in[where] if kind == "user" else constant(where) for kind, where in program.inputs]
         flat = [v for v, (kind, _) in zip(run_graph(program.graph, placeholders, None), program.outputs)
                 if kind == "user"]
         out = jax.tree.unflatten(out_treedef, flat)
@@ -162,10 +183,15 @@ def capture(alg, event, fields: dict, written: tuple, *, host: Any, pair: bool, 
         return out
 
     def replay() -> None:
-        meta = jax.tree.unflatten(treedef, [torch.empty(x.shape, dtype=_torch_dtype(x.dtype), device="meta")
-                                            for x in leaves])
-        with warnings.catch_warnings():
+        # fake tensors: shapes only, and the real tensors the apply keeps on self mix with them
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _run_apply(alg, event, meta, written, host, pair, module, user_names)
+            fake = jax.tree.unflatten(treedef, [torch.empty(x.shape, dtype=_torch_dtype(x.dtype)) for x in leaves])
+            _run_apply(alg, event, fake, written, host, pair, module, user_names)
 
+    jax_fn.reads_algorithm_state = bool(attributes)
+    # the Python numbers of self the export read are compiled into the graph: the engine exports again when one
+    # of them has changed (a tensor kept on self is read anew for each batch instead)
+    numbers = {name: saved[name] for name in read if isinstance(saved.get(name), (bool, int, float, np.number))}
+    jax_fn.compiled_numbers = lambda: {name: getattr(alg, name, None) for name in numbers} != numbers
     return jax_fn, replay

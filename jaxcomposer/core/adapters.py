@@ -196,3 +196,34 @@ def seed_frameworks(seed: int, *, load: bool) -> None:
             adapter = _load(name)
             if adapter.seed is not None:
                 adapter.seed(seed)
+
+
+def generator_states() -> list:
+    """The global random generators' states: Python's, numpy's and those of every framework this process has
+    imported (its adapter's ``functional['rng_state']``), for :func:`restore_generator_states`. Never imports a
+    framework."""
+    import random
+
+    import numpy as np
+    states = [("random", random.getstate()), ("numpy", np.random.get_state())]
+    for name in _entry_points():
+        if name in sys.modules:
+            get = _load(name).functional.get("rng_state")
+            if get is not None:
+                states.append((name, get()))
+    return states
+
+
+def restore_generator_states(states: list) -> None:
+    """Put the generators back as :func:`generator_states` found them (a try that drew must leave no trace)."""
+    import random
+
+    import numpy as np
+    for name, state in states:
+        if name == "random":
+            random.setstate(state)
+        elif name == "numpy":
+            np.random.set_state(state)
+        else:
+            _load(name).functional["set_rng_state"](state)
+

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcomposer.core import adapters
 from jaxcomposer.core.algorithm import as_passes, run_order
 from jaxcomposer.core.events import IN_STEP_EVENTS, Event
 from jaxcomposer.core.method import Method, StepCtx
@@ -208,7 +209,10 @@ class AlgorithmEngine:
         self.algorithms = list(algorithms)
         # a torch model's: capture(alg, event, fields, written, host=, pair=) -> (jax_fn, replay), torch.export'ed
         self.capture = capture
-        self._captured: dict = {}  # (event, algorithm) -> {input shapes: replay}: applies captured from torch
+        self._captured: dict = {}  # (event, algorithm) -> {input shapes: (replay, jax_fn)}: captured from torch
+        self._traceable: set = set()  # (event, algorithm) whose apply traced as JAX at its first match
+        self._trial_errors: dict = {}  # (event, algorithm) -> why its apply did not trace as JAX
+        self._recaptures = 0  # torch-captured applies exported again because a number they read changed
         self.passes = as_passes(passes)
         self.methods = tuple(methods)  # the recipe's built-in methods, for reporting edits of the same field
         self._reported: set = set()
@@ -373,11 +377,26 @@ class AlgorithmEngine:
             written = _FIELDS[event][1]
             once_key = (event, i, jax.tree.structure(fields),
                         tuple((x.shape, x.dtype) for x in jax.tree.leaves(fields)))
-            captured = (event, i) in self._captured
-            if (captured or getattr(alg, "trace_once", False)) and once_key in self._traced_once:
+            entry = self._captured.get((event, i), {}).get(once_key)
+            if entry is not None and entry[1].compiled_numbers():  # a number it compiled in changed: export again
+                self._recaptures += 1
+                if self._recaptures == _RECOMPILE_WARNING_AFTER:
+                    warnings.warn(f"algorithms: {type(alg).__name__}.apply at {event.name} is torch code that reads "
+                                  "a Python number of self which changes from batch to batch, so it is exported and "
+                                  "compiled again each time; keep it on self as a tensor (torch.tensor(x)), which "
+                                  "is passed into the step", RuntimeWarning, stacklevel=4)
+                del self._captured[event, i][once_key]
+                self._traced_once.pop(once_key, None)
+                entry = None
+                closed, out_shapes = self._capture(i, event, fields, state, once_key)
+                fields = self._record(event, i, closed, out_shapes, fields, recorded, once_key, True)
+                continue
+            captured, cached = entry is not None, once_key in self._traced_once
+            if captured:  # torch code: its Python (counters on self) runs once per matched batch, on fake tensors
+                replay, jax_fn = entry
+                replay()
+            if cached and (getattr(alg, "trace_once", False) or captured and not jax_fn.reads_algorithm_state):
                 program_and_consts, out_fields = self._traced_once[once_key]
-                if captured:  # its Python (counters on self) runs once per matched batch, on meta tensors
-                    self._captured[event, i][once_key]()
                 recorded.append(program_and_consts)
                 fields = {**fields, **out_fields}
                 continue
@@ -388,43 +407,80 @@ class AlgorithmEngine:
                 alg.apply(event, view, _CollectingLogger(logger, logged, event, type(alg).__name__))
                 return {f: view._fields[f] for f in written}, logged
 
-            saved = copy.copy(vars(alg))
-            try:
-                closed, out_shapes = jax.make_jaxpr(program, return_shape=True)(fields)
-            except ConfigurationError:
-                raise
-            except Exception as e:  # noqa: BLE001 (any failure to trace is reported with where and what to do)
-                vars(alg).clear()  # the failed try leaves nothing on the algorithm: its next run counts
-                vars(alg).update(saved)
+            first = None if captured or (event, i) in self._traceable else self._first_trace(event, i, program,
+                                                                                              fields)
+            if captured:  # it reads tensors kept on self: traced again with this batch's
+                closed, out_shapes = jax.make_jaxpr(lambda v: (jax_fn(v), {}), return_shape=True)(fields)
+            elif first is not None:
+                closed, out_shapes = first
+                self._traceable.add((event, i))
+            elif (event, i) not in self._traceable:
                 if or_host:
                     return None
                 if self.capture is None:
-                    raise self._untraceable(i, event, e) from e
-                closed, out_shapes = self._capture(i, event, fields, state, e, once_key)
+                    raise self._untraceable(i, event, self._trial_errors[event, i])
+                closed, out_shapes = self._capture(i, event, fields, state, once_key)
                 captured = True
-            jaxpr, consts = lift_literals(closed.jaxpr, closed.consts)
-            program = Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes))
-            # what makes this program the same as another one (its variant's key), without its arrays' values
-            part = (event, i, structure(jaxpr), program.in_tree, program.out_tree,
-                    tuple((np.shape(c), np.result_type(c)) for c in consts))
-            recorded.append((program, consts, part))
-            if captured or getattr(alg, "trace_once", False):
-                self._traced_once[once_key] = recorded[-1], out_shapes[0]
-            fields = {**fields, **out_shapes[0]}
+            else:
+                try:
+                    closed, out_shapes = jax.make_jaxpr(program, return_shape=True)(fields)
+                except ConfigurationError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (it traced before: say where and why it stopped)
+                    raise self._untraceable(i, event, e) from e
+                self._traceable.add((event, i))
+            fields = self._record(event, i, closed, out_shapes, fields, recorded, once_key,
+                                  captured or getattr(alg, "trace_once", False))
         return fields
 
-    def _capture(self, i: int, event: Event, fields: dict, state, error: Exception, once_key) -> tuple:
+    def _record(self, event: Event, i: int, closed, out_shapes, fields: dict, recorded: list, once_key,
+                keep: bool) -> dict:
+        """Append the traced apply's program (constants lifted) to ``recorded``, keep it for later batches when
+        ``keep``; returns the fields as it left them (abstract)."""
+        jaxpr, consts = lift_literals(closed.jaxpr, closed.consts)
+        program = Program(event, i, jaxpr, jax.tree.structure(fields), jax.tree.structure(out_shapes))
+        # what makes this program the same as another one (its variant's key), without its arrays' values
+        part = (event, i, structure(jaxpr), program.in_tree, program.out_tree,
+                tuple((np.shape(c), np.result_type(c)) for c in consts))
+        recorded.append((program, consts, part))
+        if keep:
+            self._traced_once[once_key] = recorded[-1], out_shapes[0]
+        return {**fields, **out_shapes[0]}
+
+    def _first_trace(self, event: Event, i: int, program: Callable, fields: dict):
+        """Algorithm ``i``'s apply at ``event``, at its first match, traced as JAX: ``(closed jaxpr, shapes)``, or
+        None when it does not trace. A try that fails leaves no trace: the algorithm's attributes (deep-copied
+        first) and the host's random generators are put back, and the real run follows on the host batch or
+        captured from torch. One that succeeds is this batch's run: its Python ran once."""
+        alg = self.algorithms[i]
+        try:
+            saved = copy.deepcopy(vars(alg))
+        except Exception:  # noqa: BLE001 (what cannot be copied is put back as it is)
+            saved = copy.copy(vars(alg))
+        generators = adapters.generator_states()
+        try:
+            return jax.make_jaxpr(program, return_shape=True)(fields)
+        except ConfigurationError:
+            raise
+        except Exception as e:  # noqa: BLE001 (why it did not trace is said if nothing else runs it either)
+            vars(alg).clear()
+            vars(alg).update(saved)
+            adapters.restore_generator_states(generators)
+            self._trial_errors[event, i] = e
+            return None
+
+    def _capture(self, i: int, event: Event, fields: dict, state, once_key) -> tuple:
         """A torch model's ``apply`` that did not trace as JAX, exported with torch and lowered (``self.capture``:
-        the torch adapter's ``capture_algorithm``); its Python then replays on meta tensors before each batch."""
+        the torch adapter's ``capture_algorithm``); its Python then replays on fake tensors before each batch."""
         alg = self.algorithms[i]
         try:
             jax_fn, replay = self.capture(alg, event, fields, _FIELDS[event][1], host=state, pair=self.pair_batches)
             closed, out_shapes = jax.make_jaxpr(lambda values: (jax_fn(values), {}), return_shape=True)(fields)
         except Exception as torch_error:  # noqa: BLE001 (both failures are reported)
-            refusal = self._untraceable(i, event, error)
+            refusal = self._untraceable(i, event, self._trial_errors[event, i])
             raise ConfigurationError(f"{refusal} Captured with torch.export instead, it failed too: "
                                      f"{type(torch_error).__name__}: {str(torch_error)[:2000]}") from torch_error
-        self._captured.setdefault((event, i), {})[once_key] = replay
+        self._captured.setdefault((event, i), {})[once_key] = replay, jax_fn
         replay()  # this batch's run of its Python (the export's own run was undone)
         return closed, out_shapes
 

@@ -13,8 +13,10 @@ from typing import Any
 from jaxcomposer.core.time import Time, Timestamp
 
 
-class Event(enum.Enum):
-    """Composer's events, in the order a run fires them (``composer.core.Event``; the same values).
+class Event(str, enum.Enum):
+    """Composer's events, in the order a run fires them (``composer.core.Event``; the same values, and as in
+    Composer each equals its value: ``Event.AFTER_DATALOADER == 'after_dataloader'``, the spelling
+    Composer's docs use in ``match``).
 
     The Trainer fires the host events to callbacks and algorithms. The events inside a train step
     (:data:`IN_STEP_EVENTS`) reach a user's :class:`~jaxcomposer.core.algorithm.Algorithm` inside the compiled step

@@ -515,3 +515,59 @@ def test_an_apply_neither_jax_nor_torch_export_can_capture_is_refused_with_both_
 def test_something_neither_a_method_nor_an_algorithm_is_still_refused_beside_algorithms():
     with pytest.raises(TypeError, match="expected jaxcomposer Method objects, got str"):
         train([Edit(Event.AFTER_LOSS, _double_loss), "label_smoothing"])
+
+
+class TorchMixUp(Algorithm):
+    """Composer's MixUp the way its own class is written, for a torch model: draws on the host at AFTER_DATALOADER
+    (from a generator it holds), keeps the permuted targets and the mixing on self, and mixes the loss with torch
+    at AFTER_LOSS."""
+
+    def __init__(self, mixing_as_tensor: bool):
+        import torch
+        self.generator, self.mixing_as_tensor = torch.Generator().manual_seed(0), mixing_as_tensor
+
+    def match(self, event, state):
+        return event in (Event.AFTER_DATALOADER, Event.AFTER_LOSS)
+
+    def apply(self, event, state, logger):
+        import torch
+        if event == Event.AFTER_DATALOADER:
+            inputs, targets = state.batch
+            mixing = 0.5 * torch.rand((), generator=self.generator)
+            self.mixing = mixing if self.mixing_as_tensor else float(mixing)
+            permutation = torch.randperm(inputs.shape[0], generator=self.generator)
+            self.permuted_target = targets[permutation]
+            state.batch = ((1 - self.mixing) * inputs + self.mixing * inputs[permutation], targets)
+        else:
+            new_loss = torch.nn.functional.cross_entropy(state.outputs, self.permuted_target)
+            state.loss = (1 - self.mixing) * state.loss + self.mixing * new_loss
+
+
+@pytest.mark.parametrize("mixing_as_tensor", [False, True], ids=["float", "tensor"])
+def test_composers_mixup_written_for_torch_carries_its_draws_across_events(mixing_as_tensor):
+    """State kept on self between events (the permuted targets, the mixing) reaches the captured AFTER_LOSS
+    program with each batch's values: a tensor is passed in, a Python number makes a new export (so the float
+    version exports once per batch, the tensor version once); both train as eager torch does."""
+    import torch
+    module, mixup = _torch_linear(), TorchMixUp(mixing_as_tensor)
+    trainer = Trainer(model=module, train_dataloader=_torch_digits_loader(), max_duration="3ba",
+                      optimizers=torch.optim.SGD(module.parameters(), lr=0.1), progress_bar=False, seed=0,
+                      algorithms=[mixup])
+    trainer.fit()
+    assert trainer.engine.host_mode == {0}  # torch indexing of the batch: AFTER_DATALOADER runs on the host
+    assert trainer.engine._recaptures == (0 if mixing_as_tensor else 2)
+
+    reference, eager = _torch_linear(), TorchMixUp(mixing_as_tensor)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x, y in _torch_digits_loader():  # Composer's loop: the same apply, eagerly, around the same steps
+        state = type("State", (), {})()
+        state.batch = (x, y)
+        eager.apply(Event.AFTER_DATALOADER, state, None)
+        optimizer.zero_grad()
+        state.outputs = reference(state.batch[0])
+        state.loss = torch.nn.functional.cross_entropy(state.outputs, y)
+        eager.apply(Event.AFTER_LOSS, state, None)
+        state.loss.backward()
+        optimizer.step()
+    for (name, got), want in zip(module.state_dict().items(), reference.state_dict().values()):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
