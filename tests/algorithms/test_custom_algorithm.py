@@ -571,3 +571,21 @@ def test_composers_mixup_written_for_torch_carries_its_draws_across_events(mixin
         optimizer.step()
     for (name, got), want in zip(module.state_dict().items(), reference.state_dict().values()):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_an_algorithm_matching_events_by_their_string_runs_as_in_composers_docs():
+    class ByName(Algorithm):
+        calls = 0
+
+        def match(self, event, state):
+            return event == "after_loss"  # Composer's Event is a string enum; its docs match this way
+
+        def apply(self, event, state, logger):
+            self.calls += 1
+            state.loss = state.loss * 2.0
+
+    alg = ByName()
+    got, want = train([alg]), train(lr=0.2)
+    assert Event.AFTER_LOSS == "after_loss" and alg.calls == BATCHES
+    for a, b in zip(params(got), params(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
