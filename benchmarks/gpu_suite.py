@@ -335,7 +335,9 @@ class PlainFlaxSide:
         import optax
         from flax import nnx
 
-        from jaxcomposer.core.model import compute_in, soft_cross_entropy
+        from jaxcomposer.core.model import compute_in
+
+        from jaxcomposer.loss import soft_cross_entropy
         from jaxcomposer.trainer.step import cast_floating
 
         graphdef, params, model_state = nnx.split(module, nnx.Param, ...)

@@ -34,7 +34,7 @@ from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mn
                     load_benchmark_config, machine_facts, results_path, threads_as_fit_sets, write_json)
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.core.events import Callback
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from jaxcomposer.models import BUILDERS
 from jaxcomposer.optim import DecoupledSGDW
 

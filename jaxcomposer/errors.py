@@ -1,7 +1,8 @@
 """One base class for every error jaxcomposer raises about its input, so callers can catch them all.
 
 Each subclass also derives from the builtin a Python user would expect (``ValueError`` for bad values), so
-existing ``except ValueError`` code keeps working. Every exception class of the package lives here.
+existing ``except ValueError`` code keeps working. Every exception class of the package lives here, and its
+warning classes too.
 """
 import signal
 
@@ -98,3 +99,7 @@ class Preempted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class NoEffectWarning(UserWarning):
+    """A method found nothing to change in the model (Composer's ``NoEffectWarning``)."""

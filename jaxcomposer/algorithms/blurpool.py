@@ -55,13 +55,10 @@ from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.models.resnet_imagenet import MaxPool2d
 
-__all__ = ["BlurPool", "BlurConv", "BlurMaxPool2d", "NoEffectWarning", "apply_blurpool", "blur_2d"]
-
-
-class NoEffectWarning(UserWarning):
-    """A method found nothing to change in the model (Composer's ``NoEffectWarning``)."""
+__all__ = ["BlurPool", "BlurConv", "BlurMaxPool2d", "apply_blurpool", "blur_2d"]
 
 
 def _pair(v) -> tuple[int, int]:

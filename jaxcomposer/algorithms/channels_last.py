@@ -19,7 +19,7 @@ bridge's default gives that layout to every bridged CNN: on the quickstart ResNe
 **Exact Composer semantics.** As ``composer/algorithms/channels_last``: the torch module's 4-D parameters and
 buffers are made channels-last (in place) once, at the start of training; the functional
 ``apply_channels_last(model)`` does the same (and returns the model, where Composer returns ``None``). Additions:
-the bridge marker (see above), and a :class:`~jaxcomposer.algorithms.blurpool.NoEffectWarning` when the model has
+the bridge marker (see above), and a :class:`~jaxcomposer.errors.NoEffectWarning` when the model has
 nothing to change: a native NNX model (always NHWC), or a torch module without ``nn.Conv*`` modules (Composer
 converts silently). Composer does not declare ``required_on_load``, and neither does this: the parameters and their
 names are unchanged, so a checkpoint loads with or without the method.
@@ -40,7 +40,7 @@ from typing import Any
 
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry
 

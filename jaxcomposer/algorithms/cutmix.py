@@ -57,7 +57,7 @@ from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
 from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
-from jaxcomposer.core.model import ensure_targets_one_hot
+from jaxcomposer.loss import ensure_targets_one_hot
 
 __all__ = ["cutmix_batch", "CutMix", "LAMBDA_KEY", "TARGET_PERM_KEY"]
 

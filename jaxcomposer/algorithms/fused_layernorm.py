@@ -72,7 +72,7 @@ import jax.numpy as jnp
 from jax import lax
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.low_precision_layernorm import layer_norm_as, replace_norms
 from jaxcomposer.core import adapters

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry

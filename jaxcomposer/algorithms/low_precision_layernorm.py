@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.normalization import _compute_stats, _normalize
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodEntry, StepCtx
-from jaxcomposer.core.model import ensure_targets_one_hot
+from jaxcomposer.loss import ensure_targets_one_hot
 
 __all__ = ["mixup_batch", "MixUp", "MIXING_KEY", "TARGET_PERM_KEY"]
 

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.nnx_surgery import replace_modules
 from jaxcomposer.core import adapters

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.nnx_surgery import set_child as _set_child
 from jaxcomposer.core import adapters
 from jaxcomposer.core.method import Method, MethodEntry

@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from jaxcomposer.metrics.base import Metric, State, array_namespace, example_weight, logits_of, merge
 
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.core import adapters
-from jaxcomposer.core.model import Batch, Task, soft_binary_cross_entropy, soft_cross_entropy
+from jaxcomposer.core.model import Batch, Task
+from jaxcomposer.loss import soft_binary_cross_entropy, soft_cross_entropy
 from jaxcomposer.metrics import (CrossEntropy, LanguageCrossEntropy, LanguagePerplexity, MaskedAccuracy, Metric,
                                  MulticlassAccuracy)
 from jaxcomposer.metrics.base import check_metrics

@@ -16,7 +16,7 @@ import importlib
 from typing import Callable, NamedTuple
 
 from jaxcomposer.core.method import Composed, Method, ModelView, RunInfo, StepCtx
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from jaxcomposer.trainer.step import make_base_tx
 
 NUM_CLASSES = 5

@@ -15,7 +15,7 @@ from interop.torch_weights import torch_state_dict_to_nnx
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import Alibi, apply_alibi
 from jaxcomposer.algorithms.alibi import AlibiBias, FrozenPositionEmbedding, alibi_head_slopes, scale_sequence_length
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import GPT, ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerCausalLM

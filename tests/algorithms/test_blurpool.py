@@ -11,7 +11,8 @@ from flax import nnx
 from torch import nn
 
 from jaxcomposer.algorithms import BlurPool, apply_blurpool
-from jaxcomposer.algorithms.blurpool import BlurConv, NoEffectWarning, blur_2d
+from jaxcomposer.algorithms.blurpool import BlurConv, blur_2d
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import MLP, ResNetCIFAR
 from torch_bridge.surgery import (BlurConv2d, BlurMaxPool2d, apply_blurpool_torch, count_module_instances,

@@ -14,7 +14,7 @@ import torch_bridge.kernels
 from interop.torch_mirrors import TorchResNetCIFAR
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import ChannelsLast, apply_channels_last
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerClassifier

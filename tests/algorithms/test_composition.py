@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.core.method import MethodConflictError, StepCtx, compose
 from jaxcomposer.models import GPT, ResNetCIFAR
 from jaxcomposer.models.tasks import ComposerCausalLM, ComposerClassifier

@@ -6,7 +6,7 @@ import pytest
 from jaxcomposer.algorithms import CutMix, MixUp, cutmix_batch
 from jaxcomposer.algorithms.cutmix import LAMBDA_KEY, TARGET_PERM_KEY, _clipped_box
 from jaxcomposer.core.method import MethodConflictError, compose
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from tests.algorithms.algo_testing import make_batch, make_ctx
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example

@@ -13,7 +13,7 @@ from torch import nn
 from interop.torch_mirrors import TorchResNetCIFAR
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import Factorize, apply_factorization
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.factorize import (FactorizedConv, FactorizedLinear, clean_latent_size,
                                               factorizing_could_speedup, max_rank_with_possible_speedup)
 from jaxcomposer.core.method import RunInfo, StepCtx

@@ -19,7 +19,7 @@ from PIL import Image
 
 from jaxcomposer import functional as cf
 from jaxcomposer.algorithms import LabelSmoothing
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from jaxcomposer.errors import MissingKeyError
 from torch_bridge.adapter import ADAPTER
 

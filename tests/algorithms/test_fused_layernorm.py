@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import FusedLayerNorm, apply_fused_layernorm
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.fused_layernorm import FusedLayerNormModule, fused_layer_norm
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import GPT, ResNetCIFAR

@@ -12,7 +12,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import GatedLinearUnits, apply_gated_linear_units
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.gated_linear_units import GatedFFOutput, Identity, identity
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import GPT, ResNetCIFAR

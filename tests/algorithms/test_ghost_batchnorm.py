@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import GhostBatchNorm, apply_ghost_batchnorm
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.ghost_batchnorm import GhostBatchNormModule, ghost_chunk_sizes
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import MLP, ResNetCIFAR

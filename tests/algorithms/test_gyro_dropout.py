@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import GyroDropout, apply_gyro_dropout
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.gyro_dropout import GyroDropoutLayer, gyro_iter_num
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import MLP, ResNetCIFAR

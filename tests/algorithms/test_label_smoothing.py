@@ -7,7 +7,7 @@ import torch
 from tests.algorithms.algo_testing import make_ctx
 from jaxcomposer.algorithms import LabelSmoothing, smooth_labels
 from jaxcomposer.core.method import ModelView
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example
 

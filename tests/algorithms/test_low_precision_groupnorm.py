@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import LowPrecisionGroupNorm, apply_low_precision_groupnorm
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.low_precision_groupnorm import LPGroupNorm
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import ResNetCIFAR

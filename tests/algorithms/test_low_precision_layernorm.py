@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import BlurPool, LowPrecisionLayerNorm, apply_low_precision_layernorm
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.low_precision_layernorm import LPLayerNorm
 from jaxcomposer.core.method import RunInfo, StepCtx, compose
 from jaxcomposer.models import GPT, ResNetCIFAR

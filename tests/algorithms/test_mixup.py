@@ -7,7 +7,7 @@ from jaxcomposer.algorithms import MixUp, mixup_batch
 from jaxcomposer.algorithms.mixup import MIXING_KEY, TARGET_PERM_KEY
 from jaxcomposer.algorithms.sampling import symmetric_beta
 from jaxcomposer.core.method import Method, MethodConflictError, compose
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from tests.algorithms.algo_testing import make_batch, make_ctx
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example

@@ -8,7 +8,7 @@ import pytest
 from jaxcomposer.algorithms import SelectiveBackprop, select_using_loss, should_selective_backprop
 from jaxcomposer.algorithms.selective_backprop import _downscale, _selection_indices
 from jaxcomposer.core.method import ModelView, compose
-from jaxcomposer.core.model import soft_cross_entropy
+from jaxcomposer.loss import soft_cross_entropy
 from tests.algorithms.algo_testing import examples, make_batch, make_ctx
 from jaxcomposer import algorithms
 from tests.algorithms.algo_testing import Example

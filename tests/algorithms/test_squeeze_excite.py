@@ -13,7 +13,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import SqueezeExcite, apply_squeeze_excite
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.squeeze_excite import SqueezeExcite2d, SqueezeExciteConv, latent_width
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.models import MLP, ResNetCIFAR

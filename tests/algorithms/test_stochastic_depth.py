@@ -11,7 +11,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import StochasticDepth, apply_stochastic_depth
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.stochastic_depth import (DropWarmupScale, StochasticBasicBlock, StochasticBottleneck,
                                                      layer_drop_rates)
 from jaxcomposer.core.method import RunInfo, StepCtx

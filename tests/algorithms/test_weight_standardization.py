@@ -12,7 +12,7 @@ from torch import nn
 
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import WeightStandardization, apply_weight_standardization
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.weight_standardization import StandardizedConv, standardize_weights
 from jaxcomposer.core.method import RunInfo, StepCtx
 from jaxcomposer.core.model import from_nnx, param_use_order

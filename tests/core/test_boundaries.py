@@ -54,5 +54,5 @@ def test_every_exception_class_lives_in_errors_and_derives_from_the_base():
     assert defined_elsewhere == []
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
     assert len(classes) >= 10
-    for c in classes:
-        assert issubclass(c, errors.JaxComposerError) or c is errors.Preempted, c
+    for c in classes:  # (and its warnings, which derive from Warning)
+        assert issubclass(c, (errors.JaxComposerError, Warning)) or c is errors.Preempted, c

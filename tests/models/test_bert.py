@@ -14,7 +14,7 @@ from flax import nnx
 
 from interop.torch_weights import from_torch_state_dict, to_torch_state_dict
 from jaxcomposer.algorithms.alibi import AlibiBias, FrozenPositionEmbedding, alibi_head_slopes, apply_alibi
-from jaxcomposer.algorithms.blurpool import NoEffectWarning
+from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.gated_linear_units import BERTGatedFFOutput, Identity, apply_gated_linear_units
 from jaxcomposer.data.mlm import mask_tokens
 from jaxcomposer.models import BERT, BERT_SIZES, ComposerMaskedLM, bert, num_params, sharding

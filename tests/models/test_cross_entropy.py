@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from jaxcomposer.core.model import index_cross_entropy, soft_cross_entropy
+from jaxcomposer.loss import index_cross_entropy, soft_cross_entropy
 
 RNG = np.random.default_rng(0)
 LOGITS = (RNG.standard_normal((4, 7, 11)) * 3).astype(np.float32)
