@@ -26,7 +26,7 @@ from jaxcomposer import models
 from jaxcomposer.models.tasks import CLASSIFICATION_LOSSES, ComposerCausalLM, ComposerClassifier, ComposerMaskedLM
 from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
-from jaxcomposer.trainer.step import collector_paused
+from jaxcomposer.core.collector import collector_paused
 from jaxcomposer.trainer.trainer import Trainer
 
 MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cache file

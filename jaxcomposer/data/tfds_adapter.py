@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from jaxcomposer.data.datasets import DatasetNotFoundError
+from jaxcomposer.errors import DatasetNotFoundError
 
 _CHUNK = 4096  # records fetched per __getitems__ call: bounded temporary memory, few Python round trips
 

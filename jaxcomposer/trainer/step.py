@@ -7,10 +7,6 @@ Every slot gets the step's one ``StepCtx`` (docs/design.md, "The train step").
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import gc
-import inspect
 from typing import Any, Callable, Mapping
 
 import jax
@@ -247,48 +243,6 @@ def eval_weights(composed: Composed, state: TrainState, run: RunInfo):
     """The params and model state evaluation uses, after the methods' ``eval`` slots (EMA, SWA)."""
     ctx = StepCtx(step=state.step, key=None, run=run)
     return composed.eval_weights(state.extras, state.params, state.model_state, ctx)
-
-
-def collector_paused(fn: Callable) -> Callable:
-    """``fn`` (a function or a jitted step) called with Python's cyclic garbage collector paused, and resumed after
-    (unless it was off already). Tracing a step allocates ~10^5 objects that live through the trace, and the full
-    collections they trigger scan every object of a process holding JAX and torch (~350k): on the quickstart they
-    took 0.17 s of the multi-step's 0.28 s trace, and 0.25 s of ``runner.build_trainer``. Reference counting still frees
-    what dies meanwhile; cyclic garbage waits for the next collection after the call. Other attributes (``lower``,
-    ``trace``) are ``fn``'s."""
-    if not inspect.isfunction(fn):  # a jitted step: an object, whose lower() and trace() stay reachable
-        return fn if isinstance(fn, _CollectorPaused) else _CollectorPaused(fn)
-
-    @functools.wraps(fn)
-    def paused(*args, **kwargs):
-        with _paused_collector():
-            return fn(*args, **kwargs)
-
-    return paused
-
-
-@contextlib.contextmanager
-def _paused_collector():
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-class _CollectorPaused:
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def __call__(self, *args, **kwargs):
-        with _paused_collector():
-            return self.fn(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self.fn, name)
 
 
 def jit_train_step(train_step: Callable, mesh, state_shardings, host_args: int = 1) -> Callable:

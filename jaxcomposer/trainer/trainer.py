@@ -28,6 +28,7 @@ from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
 from jaxcomposer.core.events import IN_STEP_EVENTS, Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
+from jaxcomposer.core.collector import collector_paused
 from jaxcomposer.core.algorithm import is_algorithm
 from jaxcomposer.core.algorithm_engine import NAME as ENGINE_NAME, AlgorithmEngine
 from jaxcomposer.core.method import Method, ModelView, RunInfo, StepCtx, compose
@@ -560,7 +561,7 @@ class Trainer(ReadsPlan):
         if host is not None and metric_names is not None:
             host.metrics = {name: m for name, m in host.metrics.items() if name in metric_names}
         if key not in self._eval_steps and host is None:
-            self._eval_steps[key] = steps.collector_paused(steps.jit_eval_step(steps.make_eval_step(
+            self._eval_steps[key] = collector_paused(steps.jit_eval_step(steps.make_eval_step(
                 self.task, self.composed, self.run_info, eval_metrics, precision=self.precision,
                 batch_transform=data_spec.whole_batch_transform(spec)), self.mesh, self.state_shardings))
         self.state.eval_timestamp = Timestamp()
@@ -632,7 +633,7 @@ class Trainer(ReadsPlan):
     def _predict_fn(self, spec: data_spec.DataSpec | None = None) -> Callable:
         key = data_spec.transform_key(spec)
         if key not in self._predict_steps:
-            self._predict_steps[key] = steps.collector_paused(jax.jit(steps.make_predict_step(
+            self._predict_steps[key] = collector_paused(jax.jit(steps.make_predict_step(
                 self.task, self.composed, self.run_info, precision=self.precision,
                 batch_transform=data_spec.whole_batch_transform(spec))))
         return self._predict_steps[key]
@@ -965,7 +966,7 @@ class Trainer(ReadsPlan):
 
     def _step_with(self, n: int):
         if n not in self._train_steps:
-            self._train_steps[n] = steps.collector_paused(
+            self._train_steps[n] = collector_paused(
                 steps.jit_train_step(self._pure_train_step(n), self.mesh, self.state_shardings, host_args=2))
         return self._train_steps[n]
 
@@ -973,7 +974,7 @@ class Trainer(ReadsPlan):
         """The jitted call that trains ``k`` batches (``steps.make_multi_step``); one compile per batch size."""
         n = 1 if self.microbatch_size is None else batch_size // self.microbatch_size
         if ("multi", n, k) not in self._train_steps:
-            self._train_steps["multi", n, k] = steps.collector_paused(steps.jit_train_step(
+            self._train_steps["multi", n, k] = collector_paused(steps.jit_train_step(
                 steps.make_multi_step(self._pure_train_step(n), k), self.mesh, self.state_shardings))
         return self._train_steps["multi", n, k]
 

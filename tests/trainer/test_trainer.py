@@ -347,7 +347,7 @@ def test_compiled_steps_run_with_the_cyclic_collector_paused_and_restored():
     import jax
     import jax.numpy as jnp
 
-    from jaxcomposer.trainer.step import collector_paused
+    from jaxcomposer.core.collector import collector_paused
 
     seen = []
 
