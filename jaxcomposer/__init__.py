@@ -8,7 +8,7 @@ import importlib
 
 _HOMES = {  # public name -> the module that defines it
     "Algorithm": "jaxcomposer.core.algorithm",
-    "Callback": "jaxcomposer.core.events", "Event": "jaxcomposer.core.events", "RunState": "jaxcomposer.core.events",
+    "Callback": "jaxcomposer.core.events", "Event": "jaxcomposer.core.events", "RunState": "jaxcomposer.core.run_state",
     "Method": "jaxcomposer.core.method", "ModelView": "jaxcomposer.core.method", "PostStep": "jaxcomposer.core.method",
     "RunInfo": "jaxcomposer.core.method", "StepCtx": "jaxcomposer.core.method", "compose": "jaxcomposer.core.method",
     "PureModel": "jaxcomposer.core.model", "Task": "jaxcomposer.core.model", "from_nnx": "jaxcomposer.core.model",
@@ -21,7 +21,7 @@ _HOMES = {  # public name -> the module that defines it
     "Trainer": "jaxcomposer.trainer.trainer",
     "DataSpec": "jaxcomposer.data.data_spec",
     # Composer's top-level names (composer.State, composer.Evaluator, composer.Logger, ...)
-    "State": "jaxcomposer.core.events", "Evaluator": "jaxcomposer.core.evaluator",
+    "State": "jaxcomposer.core.run_state", "Evaluator": "jaxcomposer.core.evaluator",
     "Precision": "jaxcomposer.core.precision", "Logger": "jaxcomposer.loggers.logger",
 }
 _RENAMED = {"State": "RunState"}  # public name -> the name in its home module

@@ -15,7 +15,7 @@ from flax import nnx
 
 from jaxcomposer import config as config_lib
 from jaxcomposer.core import cpu_threads
-from jaxcomposer.core.events import RunState
+from jaxcomposer.core.run_state import RunState
 from jaxcomposer.core.method import compose
 from jaxcomposer.data import dataset_kind, make_loaders
 from jaxcomposer.data.data_spec import DataSpec

@@ -2,13 +2,13 @@
 ``Callback``, ``Evaluator``, ``DataSpec``, ``Precision``.
 
 Loaded on first use (PEP 562), so importing a submodule such as ``jaxcomposer.core.time`` stays cheap and free of
-import cycles. ``State`` is :class:`~jaxcomposer.core.events.RunState`, what callbacks receive.
+import cycles. ``State`` is :class:`~jaxcomposer.core.run_state.RunState`, what callbacks receive.
 """
 import importlib
 
 _HOMES = {  # public name -> (module, attribute)
     "Algorithm": ("jaxcomposer.core.algorithm", "Algorithm"),
-    "State": ("jaxcomposer.core.events", "RunState"), "Event": ("jaxcomposer.core.events", "Event"),
+    "State": ("jaxcomposer.core.run_state", "RunState"), "Event": ("jaxcomposer.core.events", "Event"),
     "Callback": ("jaxcomposer.core.events", "Callback"),
     "Time": ("jaxcomposer.core.time", "Time"), "Timestamp": ("jaxcomposer.core.time", "Timestamp"),
     "TimeUnit": ("jaxcomposer.core.time", "TimeUnit"),

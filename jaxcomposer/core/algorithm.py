@@ -2,7 +2,7 @@
 ``apply(event, state, logger)``, and the order Composer's engine runs matched algorithms in.
 
 A subclass written for Composer runs with only its imports changed. At host events (``FIT_START``, ``EPOCH_END``,
-...) ``apply`` runs on the host with the run's :class:`~jaxcomposer.core.events.RunState`, as in Composer. At the
+...) ``apply`` runs on the host with the run's :class:`~jaxcomposer.core.run_state.RunState`, as in Composer. At the
 events inside a train step (``AFTER_DATALOADER`` ... ``AFTER_TRAIN_BATCH``) it is traced into the compiled step:
 ``state.batch``, ``state.outputs``, ``state.loss`` and ``state.grads`` are JAX values there, and what ``apply``
 assigns to them becomes the step's dataflow (``jaxcomposer/core/algorithm_engine.py``; docs/design.md, "Users'

@@ -79,7 +79,7 @@ _RECOMPILE_WARNING_AFTER = 8  # new variants in a row before the engine says why
 class FieldsView:
     """What every in-step view of the state shares: the event's fields, ``state.batch`` in the loader's structure
     (an ``(input, target)`` pair stays a pair) and Composer's ``batch_get_item``/``batch_set_item``; anything else
-    is read from the run's :class:`~jaxcomposer.core.events.RunState`."""
+    is read from the run's :class:`~jaxcomposer.core.run_state.RunState`."""
 
     def __init__(self, fields: dict, host: Any, pair: bool):
         object.__setattr__(self, "_fields", dict(fields))

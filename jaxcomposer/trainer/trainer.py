@@ -26,7 +26,8 @@ import optax
 
 from jaxcomposer.callbacks.monitors import NonFiniteLossError
 from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
-from jaxcomposer.core.events import IN_STEP_EVENTS, Callback, Event, MetricValue, ReadsPlan, RunPlan, RunState
+from jaxcomposer.core.events import IN_STEP_EVENTS, Callback, Event
+from jaxcomposer.core.run_state import MetricValue, ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.collector import collector_paused
 from jaxcomposer.core.algorithm import is_algorithm

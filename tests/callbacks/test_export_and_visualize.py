@@ -11,7 +11,8 @@ from jaxcomposer import Trainer
 from jaxcomposer.callbacks import ExportForInferenceCallback, ImageVisualizer
 from jaxcomposer.callbacks.export_for_inference import export_stablehlo
 from jaxcomposer.callbacks.image_visualizer import to_uint8
-from jaxcomposer.core.events import Callback, Event, RunPlan, RunState
+from jaxcomposer.core.events import Callback, Event
+from jaxcomposer.core.run_state import RunPlan, RunState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.data import ArrayLoader
 from jaxcomposer.loggers import LoggerDestination

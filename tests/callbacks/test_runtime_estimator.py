@@ -1,7 +1,7 @@
 import pytest
 
 from jaxcomposer.callbacks import RuntimeEstimator
-from jaxcomposer.core.events import RunPlan, RunState
+from jaxcomposer.core.run_state import RunPlan, RunState
 from jaxcomposer.core.time import Time, Timestamp
 from jaxcomposer.loggers import InMemoryLogger
 from tests.loggers.helpers import FakeClock, accuracy_eval, fake_fit, make_state

@@ -321,7 +321,7 @@ def test_composer_timestamp_usage():
 
 def test_state_timestamp_is_assignable_as_in_composer_tests():
     """Composer's scheduler tests move the clock by assigning ``state.timestamp`` a copy; the state reads it back."""
-    from jaxcomposer.core.events import RunPlan, RunState
+    from jaxcomposer.core.run_state import RunPlan, RunState
 
     state = RunState(run_name="r", run_dir=None, plan=RunPlan(Time(10, "ep"), 100, 10), timestamp=Timestamp())
     parsed_time = Time.from_timestring("25ba")

@@ -4,7 +4,9 @@ from __future__ import annotations
 import datetime
 from typing import Callable, Sequence
 
-from jaxcomposer.core.events import Event, RunPlan, RunState
+from jaxcomposer.core.events import Event
+
+from jaxcomposer.core.run_state import RunPlan, RunState
 from jaxcomposer.core.time import Time, Timestamp
 from jaxcomposer.loggers.logger import Logger, LoggerDestination
 

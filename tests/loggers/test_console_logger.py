@@ -3,7 +3,9 @@ import sys
 
 import pytest
 
-from jaxcomposer.core.events import Event, RunPlan, RunState
+from jaxcomposer.core.events import Event
+
+from jaxcomposer.core.run_state import RunPlan, RunState
 from jaxcomposer.core.time import Time, Timestamp
 from jaxcomposer.loggers import ConsoleLogger, Logger
 from tests.loggers.helpers import FakeClock, NotYet, accuracy_eval, fake_fit, make_state

@@ -47,7 +47,7 @@ def test_composer_import_paths():
     import jaxcomposer
     import torch_bridge
     from jaxcomposer import core, models, trainer, utils
-    from jaxcomposer.core.events import RunState
+    from jaxcomposer.core.run_state import RunState
 
     assert trainer.Trainer is jaxcomposer.Trainer
     assert core.State is RunState and core.DataSpec is jaxcomposer.DataSpec and core.Time is jaxcomposer.Time
