@@ -127,8 +127,8 @@ def module_activations(bridged, params, buffers, *inputs, train: bool = False,
     prog = bridged._programs.get(bool(train))
     if prog is None:
         raise ValueError(f"torch_bridge: the {'train' if train else 'eval'} graph was not exported")
-    from .module import _to_jax
-    inputs = [_to_jax(x) for x in jax.tree_util.tree_leaves(inputs)]
+    from .module import to_jax
+    inputs = [to_jax(x) for x in jax.tree_util.tree_leaves(inputs)]
     prog, constants = bridged._program_for(prog, inputs, bool(train))
     inputs = bridged._check_inputs(prog, inputs, train)
     state = {**bridged.constants, **constants, **params, **{a: params[leaf] for a, leaf in bridged.aliases.items()},

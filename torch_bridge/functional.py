@@ -90,11 +90,11 @@ def freeze_layers(model: torch.nn.Module, optimizers: Any, current_duration: flo
     of ``optimizers`` (one optimizer, a sequence of them, or None), so neither momentum nor weight decay moves
     them. Returns ``(freeze_depth, freeze_percentage)``, as Composer's."""
     # the schedule is jaxcomposer's (one definition, Composer's float64 arithmetic), so both forms freeze alike
-    from jaxcomposer.algorithms.layer_freezing import _check, _freeze_schedule
+    from jaxcomposer.algorithms.layer_freezing import check_freezing_args, freeze_schedule
 
-    _check(freeze_start, freeze_level)
+    check_freezing_args(freeze_start, freeze_level)
     layers = _leaf_layers(model, [])
-    pct = _freeze_schedule(float(current_duration), freeze_start, freeze_level)
+    pct = freeze_schedule(float(current_duration), freeze_start, freeze_level)
     depth = int(pct * len(layers[:-1]))
     if optimizers is None:
         optimizers = ()
@@ -121,9 +121,9 @@ def apply_gradient_clipping(model: torch.nn.Module, clipping_type: str, clipping
     """Composer's ``apply_gradient_clipping`` on a torch module: clips the ``.grad`` of its parameters in place,
     ``'norm'`` and ``'value'`` with torch's own ``clip_grad_norm_`` / ``clip_grad_value_``, ``'adaptive'`` with
     Composer's unit-wise rule ``g *= clamp(thr * ||W||_u / ||G||_u, max=1)`` (NaN -> 1, no ``eps`` floor)."""
-    from jaxcomposer.algorithms.gradient_clipping import _check
+    from jaxcomposer.algorithms.gradient_clipping import check_clipping_args
 
-    _check(clipping_type, clipping_threshold)
+    check_clipping_args(clipping_type, clipping_threshold)
     if fsdp_enabled:
         raise ValueError("apply_gradient_clipping: fsdp_enabled=True needs torch FSDP modules, which jaxcomposer "
                          "does not run (its Trainer shards the JAX step instead); pass fsdp_enabled=False.")

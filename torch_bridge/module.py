@@ -33,7 +33,7 @@ CHANNELS_LAST_ATTR = "_torch_bridge_channels_last"
 _NARROWED = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dtype(np.float64): np.float32}
 
 
-def _to_jax(x):
+def to_jax(x):
     # Host arrays: a private copy (astype copies), then device_put. jnp.asarray of a numpy array compiles an identity
     # program for every new shape and dtype (~30 ms each on CPU: a model's conversion paid it per parameter shape);
     # device_put alone aliases an aligned host buffer on CPU (even with may_alias=False, JAX 0.10), and a torch
@@ -98,7 +98,7 @@ class BridgedModel:
         if prog is None:
             raise ValueError(f"torch_bridge: the {'train' if train else 'eval'} graph was not exported "
                              f"(from_torch(..., modes={tuple(self._programs)}))")
-        inputs = [_to_jax(x) for x in jax.tree_util.tree_leaves(inputs)]
+        inputs = [to_jax(x) for x in jax.tree_util.tree_leaves(inputs)]
         prog, constants = self._program_for(prog, inputs, bool(train))
         inputs = self._check_inputs(prog, inputs, train)
         state = {**self.constants, **constants, **params, **{a: params[leaf] for a, leaf in self.aliases.items()},
@@ -143,7 +143,7 @@ class BridgedModel:
                 raise
             export.check_supported([ep.graph])
             # lifted constants are named per export (lifted_tensor_0, ...), so each graph keeps its own
-            constants = {name: _to_jax(tensor) for name, (tensor, kind) in export.tensor_sources([ep]).items()
+            constants = {name: to_jax(tensor) for name, (tensor, kind) in export.tensor_sources([ep]).items()
                          if kind == "constant" and name not in self.params and name not in self.aliases}
             self._resized[key] = (export.to_program(ep), constants)
         return self._resized[key]
@@ -249,7 +249,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
             if leaf != name:
                 aliases[name] = leaf
                 continue
-        {"param": params, "buffer": buffers, "constant": constants}[kind][name] = _to_jax(tensor)
+        {"param": params, "buffer": buffers, "constant": constants}[kind][name] = to_jax(tensor)
     input_dtypes = tuple(x.dtype for x in example_inputs) \
         if all(isinstance(x, torch.Tensor) for x in example_inputs) else ()
     return BridgedModel(module, programs, params, buffers, constants, aliases, dtypes, dynamic_batch, conv_layout,

@@ -48,7 +48,7 @@ from PIL import Image
 from jaxcomposer.algorithms.augmentation_primitives import (AugmentationFn, describe_augmentation_set,
                                                             image_data_fn, map_images, resolve_augmentation_set,
                                                             validate_normalization)
-from jaxcomposer.algorithms.randaugment import _check_severity
+from jaxcomposer.algorithms.randaugment import check_severity
 from jaxcomposer.algorithms.functional_io import functional_form
 from jaxcomposer.core.method import Method, MethodEntry
 
@@ -97,7 +97,7 @@ def augmix_image(img: Any, severity: float = 3, depth: int = -1, width: int = 3,
     of a batch uses ``rng.spawn(N)[i]``.
     """
     where = "augmix_image"
-    severity = _check_severity(severity, where)
+    severity = check_severity(severity, where)
     depth, width, alpha = _check_args(depth, width, alpha, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     return map_images(lambda im, g: _augmix_pil(im, g, severity, depth, width, alpha, ops), img, rng,
@@ -109,7 +109,7 @@ def AugMix(severity: float = 3, depth: int = -1, width: int = 3, alpha: float = 
     """Composer's ``AugMix(severity=3, depth=-1, width=3, alpha=1.0, augmentation_set='all')`` as a
     :class:`Method` (``data`` slot)."""
     where = "AugMix"
-    severity = _check_severity(severity, where)
+    severity = check_severity(severity, where)
     depth, width, alpha = _check_args(depth, width, alpha, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     validate_normalization(mean, std, where)

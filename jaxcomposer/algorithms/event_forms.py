@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from jaxcomposer.algorithms.gradient_clipping import apply_gradient_clipping, clip_gradients
-from jaxcomposer.algorithms.label_smoothing import _check_smoothing, smooth_labels
-from jaxcomposer.algorithms.progressive_resizing import _scale_at, resize_batch
+from jaxcomposer.algorithms.label_smoothing import check_smoothing, smooth_labels
+from jaxcomposer.algorithms.progressive_resizing import scale_at, resize_batch
 from jaxcomposer.core.algorithm import Algorithm
 from jaxcomposer.core.events import Event
 
@@ -30,7 +30,7 @@ class LabelSmoothingAlgorithm(Algorithm):
     trace_once = True  # a pure function of the outputs, the targets and ``smoothing``
 
     def __init__(self, smoothing: float = 0.1, target_key: Any = 1):
-        self.smoothing = _check_smoothing(smoothing, "LabelSmoothingAlgorithm")
+        self.smoothing = check_smoothing(smoothing, "LabelSmoothingAlgorithm")
         self.target_key = target_key
         self.original_labels = None
 
@@ -84,7 +84,7 @@ class ProgressiveResizingAlgorithm(Algorithm):
 
     def apply(self, event: Event, state: Any, logger: Any) -> None:
         elapsed = int(state.timestamp.batch) / max(state.max_duration_in_batches, 1)
-        scale = _scale_at(elapsed, self.initial_scale, self.delay_fraction, self.finetune_fraction)
+        scale = scale_at(elapsed, self.initial_scale, self.delay_fraction, self.finetune_fraction)
         inputs = state.batch_get_item(0)
         width = inputs.shape[2]
         factor = min(round(width * scale / self.size_increment) * self.size_increment / width, 1.0)

@@ -63,7 +63,7 @@ __all__ = ["apply_gradient_clipping", "clip_gradients", "unitwise_norm", "Gradie
 CLIPPING_TYPES = ("norm", "value", "adaptive")
 
 
-def _check(clipping_type: str, clipping_threshold: float) -> None:
+def check_clipping_args(clipping_type: str, clipping_threshold: float) -> None:
     if clipping_type not in CLIPPING_TYPES:
         raise ValueError(f"GradientClipping: clipping_type must be one of {CLIPPING_TYPES}, got {clipping_type!r}.")
     if not clipping_threshold > 0:
@@ -109,7 +109,7 @@ def apply_gradient_clipping(grads, clipping_type: str, clipping_threshold: float
     module it is Composer's ``apply_gradient_clipping(model, clipping_type, clipping_threshold, fsdp_enabled)``:
     the ``.grad`` of its parameters are clipped in place (``torch_bridge.functional.apply_gradient_clipping``).
     """
-    _check(clipping_type, clipping_threshold)
+    check_clipping_args(clipping_type, clipping_threshold)
     thr = float(clipping_threshold)
     if clipping_type == "norm":
         return _clip_norm(grads, thr)
@@ -124,7 +124,7 @@ def apply_gradient_clipping(grads, clipping_type: str, clipping_threshold: float
 def clip_gradients(clipping_type: str, clipping_threshold: float, *, eps: float = 0.0,
                    unit_axis: int = -1) -> optax.GradientTransformation:
     """The optax transformation behind :func:`GradientClipping` (stateless; uses ``params`` for 'adaptive')."""
-    _check(clipping_type, clipping_threshold)
+    check_clipping_args(clipping_type, clipping_threshold)
 
     def init(params):
         del params

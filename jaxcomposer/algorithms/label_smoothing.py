@@ -58,7 +58,7 @@ def _class_axis(ndim: int, data_format: str) -> int:
                      f"axis 1), got {data_format!r}.")
 
 
-def _check_smoothing(smoothing, where: str) -> float:
+def check_smoothing(smoothing, where: str) -> float:
     if isinstance(smoothing, bool) or not 0.0 <= float(smoothing) <= 1.0:
         raise ValueError(f"{where}: smoothing is the probability mass moved to the uniform distribution and must be "
                          f"in [0, 1], got {smoothing!r}.")
@@ -77,7 +77,7 @@ def smooth_labels(logits: jax.Array, target: jax.Array, smoothing: float = 0.1, 
     (``'NCHW'``, Composer's torch layout, the default for torch tensors); the two agree for ``(N, C)`` logits.
     """
     if isinstance(smoothing, (int, float)):  # a traced smoothing (jit over it) is the caller's to check
-        smoothing = _check_smoothing(smoothing, "smooth_labels")
+        smoothing = check_smoothing(smoothing, "smooth_labels")
     axis = _class_axis(logits.ndim, data_format)
     n_classes = logits.shape[axis]
     if target.shape == logits.shape:
@@ -92,7 +92,7 @@ def smooth_labels(logits: jax.Array, target: jax.Array, smoothing: float = 0.1, 
 
 def LabelSmoothing(smoothing: float = 0.1, target_key: str = "target") -> Method:
     """Composer's ``LabelSmoothing(smoothing=0.1)`` as a :class:`Method` with a ``loss`` slot."""
-    smoothing = _check_smoothing(smoothing, "LabelSmoothing")
+    smoothing = check_smoothing(smoothing, "LabelSmoothing")
 
     def wrap(loss_fn: Callable, ctx: StepCtx) -> Callable:
         # a bridged torch model's outputs keep torch's layout (classes on axis 1); the outputs' own type cannot

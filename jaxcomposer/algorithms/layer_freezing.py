@@ -180,22 +180,22 @@ def get_layers(params: Any, param_order: Sequence | None = None) -> list[str]:
 
 # ---- the schedule ------------------------------------------------------------------------------------------------
 
-def _check(freeze_start: float, freeze_level: float) -> None:
+def check_freezing_args(freeze_start: float, freeze_level: float) -> None:
     if not 0.0 <= freeze_start < 1.0:
         raise ValueError(f"LayerFreezing: freeze_start must be in [0, 1), got {freeze_start!r}.")
     if not 0.0 <= freeze_level <= 1.0:
         raise ValueError(f"LayerFreezing: freeze_level must be in [0, 1], got {freeze_level!r}.")
 
 
-def _freeze_schedule(current_duration: float, freeze_start: float, freeze_level: float) -> float:
-    # Composer's _freeze_schedule, operation for operation (float64), so depths match at exact boundaries.
+def freeze_schedule(current_duration: float, freeze_start: float, freeze_level: float) -> float:
+    # Composer's freeze_schedule, operation for operation (float64), so depths match at exact boundaries.
     if current_duration <= freeze_start:
         return 0.0
     return freeze_level * ((current_duration - freeze_start) / (1.0 - freeze_start))
 
 
 def _depth(current_duration: float, n_layers: int, freeze_start: float, freeze_level: float) -> int:
-    return min(int(_freeze_schedule(current_duration, freeze_start, freeze_level) * max(n_layers - 1, 0)),
+    return min(int(freeze_schedule(current_duration, freeze_start, freeze_level) * max(n_layers - 1, 0)),
                max(n_layers - 1, 0))
 
 
@@ -225,11 +225,11 @@ def freeze_layers(params: Any, optimizers: Any = None, current_duration=None, fr
         raise ValueError(f"freeze_layers: optimizers must be None for a pytree of params, got {optimizers!r}: an "
                          "optax optimizer is pure, so nothing can be removed from it; mask gradients and updates "
                          "with the returned `frozen` tree instead (the LayerFreezing method does both).")
-    _check(freeze_start, freeze_level)
+    check_freezing_args(freeze_start, freeze_level)
     ranked, index = _layers(params, None if param_order is None else _as_paths(param_order))
     n = len(ranked)
     if isinstance(current_duration, (int, float)):
-        pct = _freeze_schedule(float(current_duration), freeze_start, freeze_level)
+        pct = freeze_schedule(float(current_duration), freeze_start, freeze_level)
         depth = _depth(float(current_duration), n, freeze_start, freeze_level)
         return jax.tree.map(lambda i: np.bool_(0 <= i < depth), index), depth, pct
     t = jnp.asarray(current_duration, jnp.float32)
@@ -273,7 +273,7 @@ def layer_freezing_tx(inner: optax.GradientTransformation, ctx: StepCtx, freeze_
     The layer order is ``layer_order`` (module or param paths, earliest first) when given, else
     ``ctx.model.param_order()`` (param paths in forward order); one of them is required.
     """
-    _check(freeze_start, freeze_level)
+    check_freezing_args(freeze_start, freeze_level)
     interval = _interval(update_interval)
     if interval.unit == TimeUnit.EPOCH:
         if not ctx.run.steps_per_epoch:
@@ -334,7 +334,7 @@ def LayerFreezing(freeze_start: float = 0.5, freeze_level: float = 1.0, *, updat
     ``layer_order`` (keyword-only, ours): module paths earliest first (``'blocks/0/conv1'`` or
     ``'blocks.0.conv1'``), used instead of the forward's param order (see the card).
     """
-    _check(freeze_start, freeze_level)
+    check_freezing_args(freeze_start, freeze_level)
     _interval(update_interval)
     if layer_order is not None and (isinstance(layer_order, str) or not all(isinstance(p, str) for p in layer_order)):
         raise ValueError(f"LayerFreezing: layer_order must be a list of module paths such as ['stem', "

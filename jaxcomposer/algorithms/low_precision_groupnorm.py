@@ -42,9 +42,9 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.normalization import _canonicalize_axes, _compute_stats, _normalize
 
-from jaxcomposer.algorithms.low_precision_layernorm import (_UNKNOWN, _cast, _values, apply_low_precision_norm,
-                                                            run_precision,
-                                                            check_apply_at, compute_dtype)
+from jaxcomposer.algorithms.low_precision_layernorm import (UNKNOWN_PRECISION, apply_low_precision_norm,
+                                                            cast_or_none, check_apply_at, compute_dtype,
+                                                            run_precision, scale_and_bias)
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["LowPrecisionGroupNorm", "LPGroupNorm", "apply_low_precision_groupnorm"]
@@ -68,9 +68,9 @@ class LPGroupNorm(nnx.GroupNorm):
 
     def __call__(self, x, *, mask=None):
         # nnx.GroupNorm.__call__ with every operand cast to the compute dtype
-        scale, bias = _values(self)
+        scale, bias = scale_and_bias(self)
         low = compute_dtype(x, scale, bias)
-        x, scale, bias = x.astype(low), _cast(scale, low), _cast(bias, low)
+        x, scale, bias = x.astype(low), cast_or_none(scale, low), cast_or_none(bias, low)
         axes = self.reduction_axes if self.reduction_axes is not None else list(range(1, x.ndim - 1)) + [-1]
         axes = _canonicalize_axes(x.ndim, axes)
         group_shape = x.shape[:-1] + (self.num_groups, self.group_size)

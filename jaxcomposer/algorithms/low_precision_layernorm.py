@@ -66,12 +66,12 @@ __all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "apply_low_precision_layernor
 LAST = 1_000  # Method.order that sorts after every other method (Composer's sort_low_precision_layernorm_last)
 LOW_PRECISIONS = ("amp_fp16", "amp_bf16")
 APPLY_AT = ("init", "before_load", "after_load")
-_UNKNOWN = object()  # a precision not known (a model slot called outside a Trainer): apply, do not warn
+UNKNOWN_PRECISION = object()  # a precision not known (a model slot called outside a Trainer): apply, do not warn
 
 
 def run_precision(ctx) -> Any:
-    """The Trainer's precision the ``model`` slot sees, or ``_UNKNOWN`` outside a Trainer."""
-    return _UNKNOWN if ctx.run.precision is None else ctx.run.precision
+    """The Trainer's precision the ``model`` slot sees, or ``UNKNOWN_PRECISION`` outside a Trainer."""
+    return UNKNOWN_PRECISION if ctx.run.precision is None else ctx.run.precision
 
 
 def compute_dtype(x: jax.Array, *params: Any) -> Any:
@@ -83,12 +83,12 @@ def compute_dtype(x: jax.Array, *params: Any) -> Any:
     return x.dtype
 
 
-def _values(layer) -> tuple[Any, Any]:
+def scale_and_bias(layer) -> tuple[Any, Any]:
     return (layer.scale[...] if layer.scale is not None else None,
             layer.bias[...] if layer.bias is not None else None)
 
 
-def _cast(v: Any, dtype) -> Any:
+def cast_or_none(v: Any, dtype) -> Any:
     return None if v is None else v.astype(dtype)
 
 
@@ -115,9 +115,9 @@ class LPLayerNorm(nnx.LayerNorm):
         return layer_norm_as(cls, layer)
 
     def __call__(self, x, *, mask=None):
-        scale, bias = _values(self)
+        scale, bias = scale_and_bias(self)
         low = compute_dtype(x, scale, bias)
-        x, scale, bias = x.astype(low), _cast(scale, low), _cast(bias, low)
+        x, scale, bias = x.astype(low), cast_or_none(scale, low), cast_or_none(bias, low)
         mean, var = _compute_stats(x, self.reduction_axes, low, self.axis_name, self.axis_index_groups,
                                    use_fast_variance=self.use_fast_variance, mask=mask)
         return _normalize(x, mean, var, scale, bias, self.reduction_axes, self.feature_axes, low, self.epsilon)
@@ -146,7 +146,7 @@ def apply_low_precision_norm(model: Any, precision: Any, *, method: str, norm_na
                              convert: Callable, inplace: bool, stacklevel: int):
     """The shared body of the two functional forms: Composer's precision check, the NNX or torch surgery and its
     warnings."""
-    if precision is not _UNKNOWN and getattr(precision, "value", precision) not in LOW_PRECISIONS:
+    if precision is not UNKNOWN_PRECISION and getattr(precision, "value", precision) not in LOW_PRECISIONS:
         warnings.warn(NoEffectWarning(f"Low Precision {norm_name} only applies to AMP_FP16 and AMP_BF16 precisions "
                                       f"(got precision={precision!r})."), stacklevel=stacklevel)
         return model

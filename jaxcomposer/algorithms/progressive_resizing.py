@@ -191,7 +191,7 @@ def resize_batch(input: jax.Array, target: jax.Array | None, scale_factor: float
     return out, target
 
 
-def _scale_at(t: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:
+def scale_at(t: float, initial_scale: float, delay_fraction: float, finetune_fraction: float) -> float:
     """Composer's unpinned scale at elapsed fraction ``t``."""
     if t < delay_fraction:
         frac = 0.0
@@ -251,7 +251,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
                          "pass image_size=(H, W) to ProgressiveResizing.")
 
     def stage(batch_shapes: Mapping[str, Any] | None, ctx: StepCtx) -> Hashable:
-        scale = _scale_at(int(ctx.step) / max(ctx.run.total_steps, 1), initial_scale, delay_fraction,
+        scale = scale_at(int(ctx.step) / max(ctx.run.total_steps, 1), initial_scale, delay_fraction,
                           finetune_fraction)
         width = full_width(batch_shapes, model_layout(data_format, ctx))
         pinned = round(width * scale / size_increment) * size_increment

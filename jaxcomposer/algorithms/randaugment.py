@@ -48,7 +48,7 @@ from jaxcomposer.core.method import Method, MethodEntry
 __all__ = ["randaugment_image", "RandAugment"]
 
 
-def _check_severity(severity, where: str) -> float:
+def check_severity(severity, where: str) -> float:
     if isinstance(severity, bool) or not isinstance(severity, numbers.Real) or not 0 <= severity <= 10:
         raise ValueError(f"{where}: severity must be a number in [0, 10], got {severity!r}.")
     return float(severity)
@@ -81,7 +81,7 @@ def randaugment_image(img: Any, severity: float = 9, depth: int = 2,
     of a batch uses ``rng.spawn(N)[i]``.
     """
     where = "randaugment_image"
-    severity, depth = _check_severity(severity, where), _check_depth(depth, where)
+    severity, depth = check_severity(severity, where), _check_depth(depth, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     return map_images(lambda im, g: _randaugment_pil(im, g, severity, depth, ops), img, rng,
                       data_format=data_format, mean=mean, std=std, where=where)
@@ -91,7 +91,7 @@ def RandAugment(severity: float = 9, depth: int = 2, augmentation_set: str = "al
                 data_format: str | None = None, mean=None, std=None) -> Method:
     """Composer's ``RandAugment(severity=9, depth=2, augmentation_set='all')`` as a :class:`Method` (``data``)."""
     where = "RandAugment"
-    severity, depth = _check_severity(severity, where), _check_depth(depth, where)
+    severity, depth = check_severity(severity, where), _check_depth(depth, where)
     ops = resolve_augmentation_set(augmentation_set, where)
     validate_normalization(mean, std, where)
     if data_format not in (None, "NHWC", "NCHW"):  # None: the model's layout (NCHW for a torch model)

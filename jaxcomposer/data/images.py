@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from jaxcomposer.data.loader import Batch, IndexedLoader, Transform, _derive_seed
-from jaxcomposer.data.tfds_adapter import _get_many, open_tfds_source
+from jaxcomposer.data.loader import Batch, IndexedLoader, Transform, derive_seed
+from jaxcomposer.data.tfds_adapter import get_many, open_tfds_source
 from jaxcomposer.errors import DataError, DatasetNotFoundError
 
 # torchvision's ImageNet statistics, for pixels scaled to [0, 1] (``normalize_images(x, IMAGENET_MEAN, ...)``).
@@ -144,7 +144,7 @@ class TFDSImageSource:
     def read(self, indices: np.ndarray) -> list[tuple[io.BytesIO, int]]:
         # Reading is batched in the loading thread (array_record readers are not documented as thread-safe);
         # decoding, the expensive part, runs in the workers.
-        records = _get_many(self.source, [int(i) for i in indices])
+        records = get_many(self.source, [int(i) for i in indices])
         return [(io.BytesIO(r[self.image_key]), int(r[self.label_key])) for r in records]
 
 
@@ -195,7 +195,7 @@ class ImageLoader(IndexedLoader):
         # example, so a process decoding only its rows crops them as one process decoding all would.
         epoch, batch_index = self._epoch, self._batch_index
         records = self.source.read(indices[lo:hi])
-        items = [(opened, _derive_seed(self.seed, epoch, batch_index, lo + pos, _AUGMENT_TAG), label)
+        items = [(opened, derive_seed(self.seed, epoch, batch_index, lo + pos, _AUGMENT_TAG), label)
                  for pos, (opened, label) in enumerate(records)]
         if self.num_workers > 1:
             if self._pool is None:

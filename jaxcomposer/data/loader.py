@@ -27,7 +27,7 @@ _SHUFFLE_TAG = 0
 _TRANSFORM_TAG = 1
 
 
-def _derive_seed(*entropy: int) -> int:
+def derive_seed(*entropy: int) -> int:
     """Mix non-negative ints into one 31-bit seed (``SeedSequence`` hashing: nearby inputs give unrelated seeds)."""
     return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(1, np.uint32)[0] >> 1)
 
@@ -147,7 +147,7 @@ class IndexedLoader:
     def _index_batches(self, epoch: int) -> list[np.ndarray]:
         """The batches of example indices for ``epoch`` (a pure function of seed and epoch), as views of one
         permutation."""
-        order = (np.random.default_rng(_derive_seed(self.seed, epoch, _SHUFFLE_TAG)).permutation(self._n)
+        order = (np.random.default_rng(derive_seed(self.seed, epoch, _SHUFFLE_TAG)).permutation(self._n)
                  if self.shuffle else np.arange(self._n))
         b = self.batch_size
         return [order[i * b:(i + 1) * b] for i in range(len(self))]
@@ -168,7 +168,7 @@ class IndexedLoader:
             if self.transform is None:
                 batch = self._gather_rows(ds[i], lo, hi)
             else:
-                rng = np.random.default_rng(_derive_seed(self.seed, epoch, i, _TRANSFORM_TAG))
+                rng = np.random.default_rng(derive_seed(self.seed, epoch, i, _TRANSFORM_TAG))
                 batch = self.transform(self._gather_rows(ds[i], 0, len(ds[i])), rng)
                 if (lo, hi) != (0, len(ds[i])):
                     batch = {k: v[lo:hi] for k, v in batch.items()}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxcomposer.data.loader import Batch, IndexedLoader, Transform, _derive_seed
+from jaxcomposer.data.loader import Batch, IndexedLoader, Transform, derive_seed
 from jaxcomposer.errors import DataError
 
 _SYNTHETIC_TAG = 3  # loader.py uses 0 and 1, images.py 2
@@ -55,7 +55,7 @@ class SyntheticLoader(IndexedLoader):
 
     def example(self, index: int) -> dict[str, np.ndarray]:
         """Example ``index`` alone (what a batch holding it holds in its row)."""
-        rng = np.random.default_rng(_derive_seed(self.data_seed, index, _SYNTHETIC_TAG))
+        rng = np.random.default_rng(derive_seed(self.data_seed, index, _SYNTHETIC_TAG))
         if self.kind == "images":
             # rng.bytes is ~3x faster than integers(dtype=uint8) and as uniform: this is the host's hot loop.
             pixels = np.frombuffer(rng.bytes(int(np.prod(self.shape))), np.uint8).reshape(self.shape)

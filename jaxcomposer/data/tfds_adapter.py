@@ -14,10 +14,10 @@ import numpy as np
 
 from jaxcomposer.errors import DatasetNotFoundError
 
-_CHUNK = 4096  # records fetched per __getitems__ call: bounded temporary memory, few Python round trips
+RECORDS_PER_FETCH = 4096  # records fetched per __getitems__ call: bounded temporary memory, few Python round trips
 
 
-def _get_many(source, keys: list[int]) -> list:
+def get_many(source, keys: list[int]) -> list:
     """Batched reads; ``tfds.testing.mock_data`` (4.9.10) patches ``__getitems__`` with a broken signature
     (``TypeError: _getitems() missing ... 'record_keys'``), so fall back to one record at a time there."""
     try:
@@ -67,8 +67,8 @@ def load_tfds(
         raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty")
     keys = [image_key] + ([label_key] if label_key is not None else [])
     columns: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    for start in range(0, n, _CHUNK):
-        records = _get_many(source, list(range(start, min(start + _CHUNK, n))))
+    for start in range(0, n, RECORDS_PER_FETCH):
+        records = get_many(source, list(range(start, min(start + RECORDS_PER_FETCH, n))))
         for key in keys:
             if key not in records[0]:
                 raise KeyError(f"TFDS dataset {name!r} has no feature {key!r}; features: {sorted(records[0])}")

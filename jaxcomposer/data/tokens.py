@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxcomposer.data.tfds_adapter import _CHUNK, _get_many, open_tfds_source
+from jaxcomposer.data.tfds_adapter import RECORDS_PER_FETCH, get_many, open_tfds_source
 from jaxcomposer.errors import DataError, DatasetNotFoundError
 
 TEXT_EXTENSIONS = (".txt", ".jsonl")
@@ -221,8 +221,8 @@ def tfds_text_tokens(name: str, split: str, data_dir: str | os.PathLike | None, 
                         f"{sorted(builder.info.features)}")
 
     def documents() -> Iterator[str]:
-        for start in range(0, len(source), _CHUNK):
-            for record in _get_many(source, list(range(start, min(start + _CHUNK, len(source))))):
+        for start in range(0, len(source), RECORDS_PER_FETCH):
+            for record in get_many(source, list(range(start, min(start + RECORDS_PER_FETCH, len(source))))):
                 text = record[text_key]
                 yield text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
 

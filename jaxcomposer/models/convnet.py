@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.models.dense import dense_dot_general
-from jaxcomposer.models.resnet import _bn, _conv, conv_function
+from jaxcomposer.models.resnet import batch_norm_layer, conv_layer, conv_function
 
 HEADS = ("flatten", "avg")
 
@@ -62,8 +62,9 @@ class ConvNet(nnx.Module):
         conv_fn = conv_function(conv_impl, "ConvNet")
         self.head_kind, self.image_size, self.num_classes = head, image_size, num_classes
         cins = (in_channels, *channels[:-1])
-        self.convs = nnx.List([_conv(a, b, kernel_size, s, rngs, conv_fn) for a, b, s in zip(cins, channels, strides)])
-        self.bns = nnx.List([_bn(c, bn_momentum, rngs) for c in channels])
+        self.convs = nnx.List([conv_layer(a, b, kernel_size, s, rngs, conv_fn)
+                               for a, b, s in zip(cins, channels, strides)])
+        self.bns = nnx.List([batch_norm_layer(c, bn_momentum, rngs) for c in channels])
         features = channels[-1] * (size * size if head == "flatten" else 1)
         # dense_dot_general: the head's kernel gradient as an ordinary product on the CPU (0.55 -> 0.08 ms for the
         # quickstart's head on one thread)

@@ -47,7 +47,7 @@ def conv_function(conv_impl: str, where: str):
     raise ValueError(f"{where}: conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}.")
 
 
-def _conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
+def conv_layer(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
           conv_fn=jax.lax.conv_general_dilated) -> nnx.Conv:
     # Explicit symmetric padding (torch's padding=k//2) rather than "SAME", which pads stride-2 convs asymmetrically.
     pad = kernel // 2
@@ -56,7 +56,7 @@ def _conv(cin: int, cout: int, kernel: int, stride: int, rngs: nnx.Rngs,
                     conv_general_dilated=conv_fn, rngs=rngs)
 
 
-def _bn(c: int, momentum: float, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
+def batch_norm_layer(c: int, momentum: float, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
     scale_init = jax.nn.initializers.zeros if zero else jax.nn.initializers.ones
     return with_cheap_stat_writes(nnx.BatchNorm(c, momentum=momentum, epsilon=1e-5, scale_init=scale_init,
                                                 rngs=rngs))
@@ -81,13 +81,13 @@ class BasicBlock(nnx.Module):
 
     def __init__(self, cin: int, cout: int, stride: int, bn_momentum: float, zero_init_residual: bool,
                  *, rngs: nnx.Rngs, conv_fn=jax.lax.conv_general_dilated):
-        self.conv1 = _conv(cin, cout, 3, stride, rngs, conv_fn)
-        self.bn1 = _bn(cout, bn_momentum, rngs)
-        self.conv2 = _conv(cout, cout, 3, 1, rngs, conv_fn)
-        self.bn2 = _bn(cout, bn_momentum, rngs, zero=zero_init_residual)
+        self.conv1 = conv_layer(cin, cout, 3, stride, rngs, conv_fn)
+        self.bn1 = batch_norm_layer(cout, bn_momentum, rngs)
+        self.conv2 = conv_layer(cout, cout, 3, 1, rngs, conv_fn)
+        self.bn2 = batch_norm_layer(cout, bn_momentum, rngs, zero=zero_init_residual)
         if stride != 1 or cin != cout:
-            self.proj_conv = _conv(cin, cout, 1, stride, rngs, conv_fn)
-            self.proj_bn = _bn(cout, bn_momentum, rngs)
+            self.proj_conv = conv_layer(cin, cout, 1, stride, rngs, conv_fn)
+            self.proj_bn = batch_norm_layer(cout, bn_momentum, rngs)
         else:
             self.proj_conv = self.proj_bn = None
 
@@ -128,8 +128,8 @@ class ResNetCIFAR(nnx.Module):
         self.dropout_rate = dropout
         n = (depth - 2) // 6
         self.depth, self.num_classes = depth, num_classes
-        self.stem_conv = _conv(in_channels, width, 3, stem_stride, rngs, conv_fn)
-        self.stem_bn = _bn(width, bn_momentum, rngs)
+        self.stem_conv = conv_layer(in_channels, width, 3, stem_stride, rngs, conv_fn)
+        self.stem_bn = batch_norm_layer(width, bn_momentum, rngs)
         blocks, cin = [], width
         for stage, mult in enumerate(widen):
             cout = width * mult

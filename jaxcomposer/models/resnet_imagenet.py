@@ -22,7 +22,7 @@ from flax import nnx
 from jaxcomposer.models._keys import split_dropout_keys
 # the same torchvision-style conv (kaiming fan-out) and BatchNorm, and the residual blocks' keys
 from jaxcomposer.models.pooling import max_pool
-from jaxcomposer.models.resnet import BasicBlock, _bn, _conv, block_key, conv_function
+from jaxcomposer.models.resnet import BasicBlock, batch_norm_layer, conv_layer, block_key, conv_function
 
 EXPANSION = 4  # a bottleneck's output has 4x the channels of its 3x3 conv
 BLOCKS = ("basic", "bottleneck")
@@ -59,16 +59,16 @@ class Bottleneck(nnx.Module):
     def __init__(self, cin: int, planes: int, stride: int, bn_momentum: float, zero_init_residual: bool,
                  *, rngs: nnx.Rngs, conv_fn=jax.lax.conv_general_dilated):
         cout = planes * EXPANSION
-        self.conv1 = _conv(cin, planes, 1, 1, rngs, conv_fn)
-        self.bn1 = _bn(planes, bn_momentum, rngs)
-        self.conv2 = _conv(planes, planes, 3, stride, rngs, conv_fn)
-        self.bn2 = _bn(planes, bn_momentum, rngs)
-        self.conv3 = _conv(planes, cout, 1, 1, rngs, conv_fn)
+        self.conv1 = conv_layer(cin, planes, 1, 1, rngs, conv_fn)
+        self.bn1 = batch_norm_layer(planes, bn_momentum, rngs)
+        self.conv2 = conv_layer(planes, planes, 3, stride, rngs, conv_fn)
+        self.bn2 = batch_norm_layer(planes, bn_momentum, rngs)
+        self.conv3 = conv_layer(planes, cout, 1, 1, rngs, conv_fn)
         # zero_init_residual starts every block as the identity (Goyal et al. 2017), as torchvision's flag does
-        self.bn3 = _bn(cout, bn_momentum, rngs, zero=zero_init_residual)
+        self.bn3 = batch_norm_layer(cout, bn_momentum, rngs, zero=zero_init_residual)
         if stride != 1 or cin != cout:
-            self.proj_conv = _conv(cin, cout, 1, stride, rngs, conv_fn)
-            self.proj_bn = _bn(cout, bn_momentum, rngs)
+            self.proj_conv = conv_layer(cin, cout, 1, stride, rngs, conv_fn)
+            self.proj_bn = batch_norm_layer(cout, bn_momentum, rngs)
         else:
             self.proj_conv = self.proj_bn = None
 
@@ -123,8 +123,8 @@ class ResNetImageNet(nnx.Module):
         conv_fn = conv_function(conv_impl, "ResNetImageNet")
         self.layers, self.width, self.num_classes, self.dropout_rate = layers, width, num_classes, dropout
         self.block_kind = block
-        self.stem_conv = _conv(in_channels, width, 7, 2, rngs, conv_fn)
-        self.stem_bn = _bn(width, bn_momentum, rngs)
+        self.stem_conv = conv_layer(in_channels, width, 7, 2, rngs, conv_fn)
+        self.stem_bn = batch_norm_layer(width, bn_momentum, rngs)
         self.maxpool = MaxPool2d(3, 2, 1)
         blocks, cin, self.stage_of_block = [], width, []
         for stage, n in enumerate(layers):

@@ -20,7 +20,7 @@ from jaxcomposer.data import (
     train_transform,
 )
 from jaxcomposer.data.images import _AUGMENT_TAG, random_resized_crop_box
-from jaxcomposer.data.loader import _derive_seed
+from jaxcomposer.data.loader import derive_seed
 from jaxcomposer.errors import DataError, DatasetNotFoundError
 
 SIZE = 16
@@ -174,7 +174,7 @@ def test_train_examples_are_seeded_by_seed_epoch_batch_and_position(tree):
     for b, batch in enumerate(loader):
         for pos, index in enumerate(indices[b]):
             with Image.open(loader.source.paths[index]) as opened:
-                rng = np.random.default_rng(_derive_seed(11, 1, b, pos, _AUGMENT_TAG))
+                rng = np.random.default_rng(derive_seed(11, 1, b, pos, _AUGMENT_TAG))
                 want = np.asarray(train_transform(opened.convert("RGB"), SIZE, rng))
             np.testing.assert_array_equal(batch["input"][pos], want)
             assert batch["target"][pos] == loader.source.labels[index]

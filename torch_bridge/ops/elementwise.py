@@ -31,7 +31,7 @@ def is_tensor(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
 
 
-def _category(dtype) -> int:
+def dtype_category(dtype) -> int:
     if dtype == _BOOL:
         return 0
     if jnp.issubdtype(dtype, jnp.integer):
@@ -55,9 +55,9 @@ def _combine(higher, lower):
         return lower
     if lower is None:
         return higher
-    if _category(higher) >= 2:
-        return higher if _category(higher) == 3 or _category(lower) < 3 else _promote(higher, lower)
-    if higher == _BOOL or _category(lower) >= 2:
+    if dtype_category(higher) >= 2:
+        return higher if dtype_category(higher) == 3 or dtype_category(lower) < 3 else _promote(higher, lower)
+    if higher == _BOOL or dtype_category(lower) >= 2:
         return _promote(higher, lower)
     return higher
 
@@ -91,7 +91,7 @@ def result_dtype(*args):
 
 
 def int_to_float(dtype):
-    return _DEFAULT_FLOAT if _category(dtype) < 2 else dtype
+    return _DEFAULT_FLOAT if dtype_category(dtype) < 2 else dtype
 
 
 def opmath(dtype):
@@ -129,7 +129,7 @@ def _binary(fn, kind="default"):
             return fn(_truthy(self), _truthy(other))
         dtype = result_dtype(self, other)
         if kind == "bitwise":
-            if _category(dtype) >= 2:
+            if dtype_category(dtype) >= 2:
                 raise TypeError("torch_bridge: bitwise ops need integer or bool tensors (as in torch)")
             return fn(_as(self, dtype), _as(other, dtype))
         if kind == "int_to_float":
@@ -199,11 +199,11 @@ def _div_floor_float(a, b):
 
 
 def _div_trunc(a, b):
-    return jax.lax.div(a, b) if _category(a.dtype) < 2 else jnp.trunc(a / b)
+    return jax.lax.div(a, b) if dtype_category(a.dtype) < 2 else jnp.trunc(a / b)
 
 
 def _div_floor(a, b):
-    return jnp.floor_divide(a, b) if _category(a.dtype) < 2 else _div_floor_float(a, b)
+    return jnp.floor_divide(a, b) if dtype_category(a.dtype) < 2 else _div_floor_float(a, b)
 
 
 _true_div = _binary(jnp.true_divide, "int_to_float")
@@ -242,7 +242,7 @@ fmod = _define_binary("fmod", (aten.fmod.Tensor, aten.fmod.Scalar), jnp.fmod)
 
 def _pow_scalar_exponent(base, exponent: float):
     if float(exponent).is_integer() and abs(exponent) <= 64:
-        return jax.lax.integer_pow(base, int(exponent)) if exponent >= 0 or _category(base.dtype) >= 2 \
+        return jax.lax.integer_pow(base, int(exponent)) if exponent >= 0 or dtype_category(base.dtype) >= 2 \
             else jnp.power(base, int(exponent))
     if exponent == 0.5:
         return jnp.sqrt(base)
@@ -314,7 +314,7 @@ def addcmul(self, tensor1, tensor2, value=1):
 def addcdiv(self, tensor1, tensor2, value=1):
     self, tensor1, tensor2 = same_rank(self, tensor1, tensor2)
     dtype = result_dtype(self, tensor1, tensor2)
-    if _category(dtype) < 2:
+    if dtype_category(dtype) < 2:
         raise TypeError("torch_bridge: addcdiv does not support integer inputs (as in torch)")
     c = opmath(dtype)
     return (self.astype(c) + value * (tensor1.astype(c) / tensor2.astype(c))).astype(dtype)
@@ -367,13 +367,13 @@ def sign(self):
 
 @lower(aten.signbit.default)
 def signbit(self):
-    return jnp.signbit(self) if _category(self.dtype) >= 2 else (self < 0) if self.dtype != _BOOL \
+    return jnp.signbit(self) if dtype_category(self.dtype) >= 2 else (self < 0) if self.dtype != _BOOL \
         else jnp.zeros_like(self)
 
 
 def _rounding(fn):
     def run(self):
-        return self if _category(self.dtype) < 2 else fn(self)
+        return self if dtype_category(self.dtype) < 2 else fn(self)
 
     return run
 
@@ -386,7 +386,7 @@ round_ = _define("round_", (aten.round.default,), _rounding(jnp.round))  # half 
 
 @lower(aten.round.decimals)
 def round_decimals(self, decimals=0):
-    if _category(self.dtype) < 2:
+    if dtype_category(self.dtype) < 2:
         return self
     c = opmath(self.dtype)
     scale = jnp.asarray(10.0 ** abs(decimals), c)
@@ -402,7 +402,7 @@ def frac(self):
 
 @lower(aten.nan_to_num.default)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
-    if _category(self.dtype) < 2:
+    if dtype_category(self.dtype) < 2:
         return self
     return jnp.nan_to_num(self, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
@@ -413,7 +413,7 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
 
 def _predicate(fn, int_value: bool):
     def run(self):
-        if _category(self.dtype) < 2:
+        if dtype_category(self.dtype) < 2:
             return jnp.full(self.shape, int_value, _BOOL)
         return fn(self)
 
@@ -458,7 +458,7 @@ bitwise_xor = _define_binary("bitwise_xor", (aten.bitwise_xor.Tensor, aten.bitwi
 
 @lower(aten.bitwise_not.default)
 def bitwise_not(self):
-    if _category(self.dtype) >= 2:
+    if dtype_category(self.dtype) >= 2:
         raise TypeError("torch_bridge: bitwise_not needs an integer or bool tensor (as in torch)")
     return jnp.invert(self)
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torch_bridge.ops.elementwise import _category, maximum, minimum, opmath
+from torch_bridge.ops.elementwise import dtype_category, maximum, minimum, opmath
 from torch_bridge.ops.registry import lower, to_jnp_dtype
 
 aten = torch.ops.aten
@@ -49,7 +49,7 @@ def _accumulating(x, dtype):
     if dtype is not None:
         out = jnp.dtype(to_jnp_dtype(dtype))
         x = x.astype(out)
-    elif _category(x.dtype) < 2:
+    elif dtype_category(x.dtype) < 2:
         out = _INT
         x = x.astype(out)
     else:
@@ -81,7 +81,7 @@ def nansum(self, dim=None, keepdim=False, dtype=None):
 @lower(aten.mean.dim)
 def mean_dim(self, dim, keepdim=False, dtype=None):
     x = self if dtype is None else self.astype(to_jnp_dtype(dtype))
-    if _category(x.dtype) < 2:
+    if dtype_category(x.dtype) < 2:
         raise TypeError(f"torch_bridge: mean of a {x.dtype} tensor needs a floating dtype= (as in torch)")
     return jnp.mean(x.astype(opmath(x.dtype)), axis=_axes(x, dim), keepdims=keepdim).astype(x.dtype)
 
@@ -223,7 +223,7 @@ def all_dim(self, dim=None, keepdim=False):
 # ----------------------------------------------------------------------------------------------------------------
 
 def _var_mean(self, dim, correction, keepdim):
-    if _category(self.dtype) < 2:
+    if dtype_category(self.dtype) < 2:
         raise TypeError(f"torch_bridge: var/std of a {self.dtype} tensor is not defined (as in torch)")
     correction = 1 if correction is None else correction
     axes = _axes(self, dim)
@@ -313,7 +313,7 @@ def cumprod(self, dim, dtype=None):
 
 
 def _float_input(self):
-    dtype = _FLOAT if _category(self.dtype) < 2 else self.dtype
+    dtype = _FLOAT if dtype_category(self.dtype) < 2 else self.dtype
     return self.astype(opmath(dtype)), dtype
 
 
@@ -334,7 +334,7 @@ def logsumexp(self, dim, keepdim=False):
 def _vector_norm(self, ord, dim, keepdim, dtype):  # noqa: A002 - the ATen argument name
     if dtype is not None:
         self = self.astype(to_jnp_dtype(dtype))
-    if _category(self.dtype) < 2:
+    if dtype_category(self.dtype) < 2:
         raise TypeError(f"torch_bridge: norm of a {self.dtype} tensor is not defined (as in torch)")
     out_dtype = self.dtype
     x = jnp.abs(self.astype(opmath(out_dtype)))
