@@ -8,8 +8,7 @@ from .export import HostRandomnessWarning, UnsupportedOpError
 from .module import BridgedModel, from_torch
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask
 
-# Importing an ops module registers its lowerings (shape also registers indexing; nn registers nn_pool).
-from .ops import creation, elementwise, loss, nn, reduction, shape, spectral  # noqa: E402,F401
+from . import ops  # noqa: E402,F401  (importing the package registers every family's lowerings)
 
 __all__ = ["from_torch", "BridgedModel", "ComposerModel", "HuggingFaceModel", "TorchComposerTask", "UnsupportedOpError",
            "HostRandomnessWarning"]

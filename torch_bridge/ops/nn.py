@@ -426,9 +426,3 @@ def softmax(x, dim, dtype=None):
 @lower(A.log_softmax.int)
 def log_softmax(x, dim, dtype=None):
     return jax.nn.log_softmax(x if dtype is None else x.astype(to_jnp_dtype(dtype)), axis=dim)
-
-
-from . import nn_pool  # noqa: E402,F401  pooling and padding live next door to keep both files short
-from . import nn_recurrent  # noqa: E402,F401
-from . import nn_resample  # noqa: E402,F401
-from . import nn_extra  # noqa: E402,F401

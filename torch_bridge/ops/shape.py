@@ -425,8 +425,3 @@ def type_as(self, other):
 def copy(self, src, non_blocking=False):
     """Functional ``self.copy_(src)``: ``src`` broadcast to ``self``'s shape, in ``self``'s dtype."""
     return jnp.broadcast_to(src.astype(self.dtype), self.shape)
-
-
-
-# indexing/gather/scatter/sort lowerings live in their own file; importing shape registers them too
-from torch_bridge.ops import indexing as _indexing  # noqa: E402,F401
