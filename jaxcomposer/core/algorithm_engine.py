@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import inspect
 import json
 import sys
@@ -53,6 +52,7 @@ from jaxcomposer.core import adapters
 from jaxcomposer.core.algorithm import as_passes, run_order
 from jaxcomposer.core.events import IN_STEP_EVENTS, Event
 from jaxcomposer.core.method import Method, StepCtx
+from jaxcomposer.core.program_structure import digest, lift_literals, structure
 from jaxcomposer.errors import ConfigurationError
 
 NAME = "algorithms"  # the engine's Method: its stage is the variant, its host values the programs' captured arrays
@@ -324,7 +324,7 @@ class AlgorithmEngine:
         that changes is passed with each step from then on (one more compile, then none)."""
         key, passed = [], []
         for _, consts, part in recorded:
-            digests = tuple(_digest(c) for c in consts)
+            digests = tuple(digest(c) for c in consts)
             first = self._first_digests.setdefault(part, digests)
             changed = self._changing.get(part, frozenset()) | {k for k, (a, b) in enumerate(zip(first, digests))
                                                                if a != b}
@@ -590,11 +590,6 @@ def _changed_fields(program: Program) -> list[str]:
             if any(not isinstance(v, jax_core.Var) or v not in inputs for v in jax.tree.leaves(leaves))]
 
 
-def _digest(value) -> tuple:
-    array = np.asarray(value)
-    return array.shape, array.dtype.str, hashlib.blake2b(array.tobytes(), digest_size=16).digest()
-
-
 def pure_tree(tree):
     """``tree`` as plain nested dicts of arrays (an ``nnx.State`` without its ``Variable`` nodes): what ``apply``
     sees as ``state.params`` and ``state.grads``, and cheaper to trace every batch."""
@@ -609,64 +604,6 @@ def like_tree(pure, like):
         raise ConfigurationError(f"algorithms: state.grads came back with {len(leaves)} arrays, expected "
                                  f"{like_def.num_leaves} (one per parameter, in the params' structure)")
     return jax.tree.unflatten(like_def, leaves)
-
-
-def lift_literals(jaxpr, consts) -> tuple[Any, list]:
-    """``jaxpr`` with the scalar literals of its own equations turned into constants, and the constants' values.
-
-    Tracing inlines scalars (``x * 0.5``, a ``jnp.asarray`` of a per-batch number) into the program's text; lifted,
-    they enter the step as values, so a scalar that changes every batch does not make a new program. Literals inside
-    nested programs (a ``jax.jit`` the apply calls) stay: they are part of the structure."""
-    constvars, values, eqns = list(jaxpr.constvars), list(consts), []
-    for eqn in jaxpr.eqns:
-        if any(isinstance(v, jax_core.Literal) for v in eqn.invars):
-            invars = []
-            for v in eqn.invars:
-                if isinstance(v, jax_core.Literal):
-                    var = jax_core.Var(v.aval)
-                    constvars.append(var)
-                    values.append(v.val)
-                    v = var
-                invars.append(v)
-            eqn = eqn.replace(invars=invars)
-        eqns.append(eqn)
-    return jaxpr.replace(constvars=constvars, eqns=eqns), values
-
-
-def structure(jaxpr) -> tuple:
-    """What makes two recorded programs the same program: each equation's primitive, parameters and operands (as
-    positions in the dataflow), without the values of the constants (those are the step's arguments). A hashable
-    tuple, built without printing the program (printing costs more than tracing it)."""
-    ids: dict = {}
-
-    def ref(v):
-        if isinstance(v, jax_core.Literal):
-            return ("literal", v.aval, np.asarray(v.val).tobytes())
-        return ids.setdefault(v, len(ids))
-
-    for v in (*jaxpr.constvars, *jaxpr.invars):
-        ids[v] = (len(ids), v.aval)
-    body = tuple((eqn.primitive.name, tuple(ref(v) for v in eqn.invars), _frozen(eqn.params),
-                  tuple(ref(v) for v in eqn.outvars)) for eqn in jaxpr.eqns)
-    return tuple(ids.values())[:len(jaxpr.constvars) + len(jaxpr.invars)], body, tuple(ref(v) for v in jaxpr.outvars)
-
-
-def _frozen(value):
-    """An equation parameter as a hashable value: nested programs by their structure, containers item by item,
-    anything else unhashable by its text."""
-    if isinstance(value, jax_core.ClosedJaxpr):
-        return ("closed", structure(value.jaxpr), tuple(np.asarray(c).tobytes() for c in value.consts))
-    if isinstance(value, jax_core.Jaxpr):
-        return ("jaxpr", structure(value))
-    if isinstance(value, dict):
-        return tuple((k, _frozen(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0])))
-    if isinstance(value, (tuple, list)):
-        return tuple(_frozen(v) for v in value)
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return repr(value)
 
 
 def _avals(tree):
