@@ -36,7 +36,9 @@ from jax import lax
 
 import torch
 
-from .nn_pool import _adaptive_matrix, _argmax_pool, _avg_pool, _lowest, _max_pool, _tuple
+from jaxcomposer.models.pooling import lowest
+
+from .nn_pool import adaptive_pool_matrix, argmax_pool_nd, avg_pool_nd, max_pool_nd, pool_tuple
 from .registry import lower
 
 A = torch.ops.aten
@@ -74,9 +76,9 @@ def _max_pool3d(x, kernel_size, stride, padding, dilation, ceil_mode):
     """(values, indices). JAX has no VJP for a dilated max window, so dilated pools gather the values at torch's
     indices instead, which also sends the gradient where torch does (the first maximum)."""
     args = (kernel_size, stride, padding, dilation, ceil_mode)
-    indices = _argmax_pool(x, 3, *args)
-    if all(d == 1 for d in _tuple(dilation, 3)):
-        return _max_pool(x, 3, *args), indices
+    indices = argmax_pool_nd(x, 3, *args)
+    if all(d == 1 for d in pool_tuple(dilation, 3)):
+        return max_pool_nd(x, 3, *args), indices
     flat = x.reshape(x.shape[:-3] + (-1,))
     picked = jnp.take_along_axis(flat, indices.reshape(indices.shape[:-3] + (-1,)), axis=-1)
     return picked.reshape(indices.shape), indices
@@ -84,8 +86,8 @@ def _max_pool3d(x, kernel_size, stride, padding, dilation, ceil_mode):
 
 @lower(A.max_pool3d.default)
 def max_pool3d(self, kernel_size, stride=(), padding=(0, 0, 0), dilation=(1, 1, 1), ceil_mode=False):
-    if all(d == 1 for d in _tuple(dilation, 3)):
-        return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+    if all(d == 1 for d in pool_tuple(dilation, 3)):
+        return max_pool_nd(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
     return _max_pool3d(self, kernel_size, stride, padding, dilation, ceil_mode)[0]
 
 
@@ -97,16 +99,16 @@ def max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0, 0, 0), dil
 @lower(A.avg_pool3d.default)
 def avg_pool3d(self, kernel_size, stride=(), padding=(0, 0, 0), ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return avg_pool_nd(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @lower(A.adaptive_avg_pool3d.default, A._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(self, output_size):
     sizes = self.shape[-3:]
-    out = [s if o is None else o for s, o in zip(sizes, _tuple(output_size, 3))]
+    out = [s if o is None else o for s, o in zip(sizes, pool_tuple(output_size, 3))]
     if tuple(out) == (1, 1, 1):
         return self.mean((-3, -2, -1), keepdims=True)
-    md, mh, mw = (jnp.asarray(_adaptive_matrix(n, o), self.dtype) for n, o in zip(sizes, out))
+    md, mh, mw = (jnp.asarray(adaptive_pool_matrix(n, o), self.dtype) for n, o in zip(sizes, out))
     return jnp.einsum("ad,...dhw,bh,cw->...abc", md, self, mh, mw)
 
 
@@ -135,7 +137,7 @@ def _adaptive_max(x, nd, output_size):
         def spread(a, axis=axis):  # (..., size) -> (..., o, size), the axis moved last
             return jnp.moveaxis(a, axis, -1)[..., None, :]
 
-        masked = jnp.where(inside, spread(lax.stop_gradient(vals)), _lowest(x.dtype))
+        masked = jnp.where(inside, spread(lax.stop_gradient(vals)), lowest(x.dtype))
         best = jnp.max(masked, axis=-1, keepdims=True)
         first = jnp.min(jnp.where(inside & (masked == best), span, size), axis=-1, keepdims=True)
         hot = span == first  # (..., o, size): one position per bin
@@ -149,7 +151,7 @@ def _adaptive_max(x, nd, output_size):
 
 @lower(A.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(self, output_size):
-    return _adaptive_max(self, 3, _tuple(output_size, 3))
+    return _adaptive_max(self, 3, pool_tuple(output_size, 3))
 
 
 # --------------------------------------------------------------------------------------------- embedding bag
@@ -183,7 +185,7 @@ def _bags(weight, indices, offsets, scale_grad_by_freq, mode, per_sample_weights
     bag_size = jax.ops.segment_sum(valid.astype(jnp.int32), bag, bags)
     emb = jnp.take(weight, indices, axis=0)
     if mode == _MAX:
-        masked = jnp.where(valid[:, None], emb, _lowest(weight.dtype))
+        masked = jnp.where(valid[:, None], emb, lowest(weight.dtype))
         best = jax.ops.segment_max(lax.stop_gradient(masked), bag, bags)
         first = jnp.where(valid[:, None] & (masked == best[bag]), position[:, None], n)
         first = jax.ops.segment_min(first, bag, bags)

@@ -19,7 +19,7 @@ from .registry import lower
 A = torch.ops.aten
 
 
-def _tuple(v, n):
+def pool_tuple(v, n):
     if isinstance(v, int):
         return (v,) * n
     v = tuple(v)
@@ -36,8 +36,8 @@ def _out_len(size, k, s, p, d, ceil_mode):
 
 def _window(x, nd, kernel, stride, padding, dilation, ceil_mode):
     """Window dims, strides, pads and dilations over the whole rank, with ceil_mode as extra right padding."""
-    k, p, d = _tuple(kernel, nd), _tuple(padding, nd), _tuple(dilation, nd)
-    s = _tuple(stride, nd) if stride else k
+    k, p, d = pool_tuple(kernel, nd), pool_tuple(padding, nd), pool_tuple(dilation, nd)
+    s = pool_tuple(stride, nd) if stride else k
     pads = []
     for size, ki, si, pi, di in zip(x.shape[-nd:], k, s, p, d):
         out = _out_len(size, ki, si, pi, di, ceil_mode)
@@ -46,12 +46,12 @@ def _window(x, nd, kernel, stride, padding, dilation, ceil_mode):
     return (1,) * lead + k, (1,) * lead + s, [(0, 0)] * lead + pads, (1,) * lead + d
 
 
-def _max_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+def max_pool_nd(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     win, strides, pads, dil = _window(x, nd, kernel, stride, padding, dilation, ceil_mode)
     return max_pool(x, win, strides, pads, dil)  # reduce_window's max, with a gradient that is no scatter
 
 
-def _argmax_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+def argmax_pool_nd(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     """torch's indices: flat position inside each (spatial) plane of the first maximum in the window."""
     win, strides, pads, dil = _window(x, nd, kernel, stride, padding, dilation, ceil_mode)
     plane = x.shape[-nd:]
@@ -69,19 +69,19 @@ def _argmax_pool(x, nd, kernel, stride=(), padding=0, dilation=1, ceil_mode=Fals
 
 @lower(A.max_pool1d.default)
 def max_pool1d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, 1, kernel_size, stride, padding, dilation, ceil_mode)
+    return max_pool_nd(x, 1, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @lower(A.max_pool2d.default)
 def max_pool2d(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+    return max_pool_nd(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @lower(A.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Values and torch-compatible int indices (computed only if a later node reads them; XLA drops them else)."""
     args = (kernel_size, stride, padding, dilation, ceil_mode)
-    return _max_pool(x, 2, *args), _argmax_pool(x, 2, *args)
+    return max_pool_nd(x, 2, *args), argmax_pool_nd(x, 2, *args)
 
 
 def avg_pool_divisor(spatial: tuple, dtype, win, strides, pads, count_include_pad):
@@ -98,7 +98,7 @@ def avg_pool_divisor(spatial: tuple, dtype, win, strides, pads, count_include_pa
     return lax.reduce_window(ones, zero, lax.add, win, strides, inner)
 
 
-def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def avg_pool_nd(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     win, strides, pads, _ = _window(x, nd, kernel, stride, padding, 1, ceil_mode)
     total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, win, strides, pads)
     if divisor_override:
@@ -109,16 +109,16 @@ def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divi
 
 @lower(A.avg_pool1d.default)
 def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
-    return _avg_pool(x, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+    return avg_pool_nd(x, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
 
 
 @lower(A.avg_pool2d.default)
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return avg_pool_nd(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-def _adaptive_matrix(size, out):
+def adaptive_pool_matrix(size, out):
     """(out, size) averaging matrix with torch's bins: [floor(i*size/out), ceil((i+1)*size/out))."""
     m = np.zeros((out, size), np.float32)
     for i in range(out):
@@ -130,17 +130,17 @@ def _adaptive_matrix(size, out):
 @lower(A.adaptive_avg_pool2d.default, A._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(x, output_size):
     h, w = x.shape[-2:]
-    oh, ow = [s if o is None else o for s, o in zip((h, w), _tuple(output_size, 2))]
+    oh, ow = [s if o is None else o for s, o in zip((h, w), pool_tuple(output_size, 2))]
     if (oh, ow) == (1, 1):
         return x.mean((-2, -1), keepdims=True)
-    mh, mw = (jnp.asarray(_adaptive_matrix(n, o), x.dtype) for n, o in ((h, oh), (w, ow)))
+    mh, mw = (jnp.asarray(adaptive_pool_matrix(n, o), x.dtype) for n, o in ((h, oh), (w, ow)))
     return jnp.einsum("oh,...hw,pw->...op", mh, x, mw)
 
 
 @lower(A.adaptive_avg_pool1d.default)
 def adaptive_avg_pool1d(x, output_size):
-    (o,) = _tuple(output_size, 1)
-    return jnp.einsum("ol,...l->...o", jnp.asarray(_adaptive_matrix(x.shape[-1], o), x.dtype), x)
+    (o,) = pool_tuple(output_size, 1)
+    return jnp.einsum("ol,...l->...o", jnp.asarray(adaptive_pool_matrix(x.shape[-1], o), x.dtype), x)
 
 
 # --------------------------------------------------------------------------------------------- padding
