@@ -245,6 +245,7 @@ class Trainer(ReadsPlan):
             else list(self._eval_metrics)
         for ev in self._eval_sets:
             check_metric_names(ev, metric_names)
+        raw = None  # the loader's first batch, read at most once here (a torch loader's iterator draws a seed)
         if not self.task.is_bound:
             raw = self._first_raw_batch()
             if hasattr(self.task, "note_raw_batch"):  # a task that hands the loader's own structure to its model
@@ -256,7 +257,7 @@ class Trainer(ReadsPlan):
             self.engine.capture = None if capture is None else functools.partial(
                 capture, module=self.task.user_model, user_names=names)
         if self.engine is not None:  # an in-step apply sees state.batch in the loader's structure
-            raw = self._first_raw_batch()
+            raw = self._first_raw_batch() if raw is None else raw
             pairs = getattr(self.train_dataloader, "yields_pairs", None)  # a converted loader says what it read
             self.engine.pair_batches = isinstance(raw, (tuple, list)) if pairs is None else pairs
         if self._foreign_optimizer is not None:  # its params are the converted model's, named as it names them
