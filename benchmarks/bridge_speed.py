@@ -4,7 +4,7 @@ The model is the ResNet-8 workload (``configs/resnet8_fashion_mnist.yaml``: dept
 channel, 10 classes), batch size and lr from the same file, SGD with momentum 0.9 and Nesterov, no weight decay,
 no schedule, no algorithms, no eval:
 
-- ``torch``: ``interop.torch_mirrors.TorchResNetCIFAR`` trained eagerly (NCHW, ``torch.optim.SGD``,
+- ``torch``: ``torch_bridge.mirrors.TorchResNetCIFAR`` trained eagerly (NCHW, ``torch.optim.SGD``,
   ``F.cross_entropy``, ``torch.set_num_threads(--torch-threads)``, 2 by default), in a child process driven round
   by round (``ChildTorchSide``: torch's OpenMP team beside the oneDNN kernels' own would slow every side here).
 - ``bridged``: ``torch_bridge.from_torch`` of that same torch module (the child builds it from the same seed, so
@@ -46,7 +46,7 @@ from flax import nnx
 import torch_bridge
 from common import (ROOT, CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
                     load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json)
-from interop.torch_mirrors import TorchResNetCIFAR
+from torch_bridge.mirrors import TorchResNetCIFAR
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.models import ResNetCIFAR
 from jaxcomposer.optim import DecoupledSGDW

@@ -1,6 +1,6 @@
 """A bridged torch ResNet on XLA's convolutions: torch's NCHW layout vs channels-last activations (the default).
 
-The model is the ResNet-8 workload as a torch module (``interop.torch_mirrors.TorchResNetCIFAR``: depth 8, width 16,
+The model is the ResNet-8 workload as a torch module (``torch_bridge.mirrors.TorchResNetCIFAR``: depth 8, width 16,
 stem_stride 2, one input channel, 10 classes), batch 128 of 28x28x1 (Fashion-MNIST, or random data of its shape
 when the dataset is missing), trained in ``jaxcomposer.Trainer`` (DecoupledSGDW with the ResNet-8 workload's lr and
 momentum, no weight decay, schedule or eval) from the same weights on the same batches, two ways:
@@ -43,7 +43,7 @@ import torch_bridge
 import torch_bridge.kernels
 from common import (CyclingLoader, TrainerSide, add_round_args, fashion_mnist_batches,  # benchmarks/common.py
                     load_benchmark_config, machine_facts, results_path, torch_model_kwargs, write_json)
-from interop.torch_mirrors import TorchResNetCIFAR
+from torch_bridge.mirrors import TorchResNetCIFAR
 from jaxcomposer import ComposerClassifier
 from jaxcomposer.algorithms import apply_channels_last
 from jaxcomposer.optim import DecoupledSGDW

@@ -118,8 +118,8 @@ def torch_model_kwargs(model_kwargs: dict) -> dict:
 
 def torch_mirror(model_name: str, model_kwargs: dict):
     """A config's model (``model.name`` and its kwargs, ``num_classes`` and ``in_channels`` included) as its torch
-    mirror from ``interop.torch_mirrors``: the same layers and init distributions."""
-    from interop.torch_mirrors import TorchConvNet, TorchResNetCIFAR
+    mirror from ``torch_bridge.mirrors``: the same layers and init distributions."""
+    from torch_bridge.mirrors import TorchConvNet, TorchResNetCIFAR
 
     mirrors = {"resnet_cifar": TorchResNetCIFAR, "convnet": TorchConvNet}
     if model_name not in mirrors:

@@ -12,7 +12,7 @@ Sections (each on synthetic batches put on the device before timing, so no input
   50304 as nanoGPT does), batch 16 x 1024 tokens, AdamW (lr 6e-4, betas 0.9/0.95, decay 0.1 x lr). ``jaxcomposer``:
   ``Trainer`` + ``ComposerCausalLM(jaxcomposer.models.GPT(attention_impl='cudnn'))`` (cuDNN flash attention; if
   its first step fails the side is rebuilt with XLA attention and the failure is recorded); torch sides:
-  ``interop.torch_mirrors.TorchGPT`` (``F.scaled_dot_product_attention``), fused ``torch.optim.AdamW``.
+  ``torch_bridge.mirrors.TorchGPT`` (``F.scaled_dot_product_attention``), fused ``torch.optim.AdamW``.
 - ``bridged_resnet50``: ``torch_bridge.from_torch`` of torchvision's resnet50 (train graph, static batch) in the
   ``Trainer``, NCHW batches, with channels-last activations (``bridged``, the bridge's default) and in torch's
   layout (``bridged_nchw``, ``conv_layout='NCHW'``), vs. ``plain_flax``: a hand-written
@@ -577,7 +577,7 @@ def gpt_section(env: Env) -> dict:
     import torch.nn.functional as F
     from flax import nnx
 
-    from interop.torch_mirrors import TorchGPT
+    from torch_bridge.mirrors import TorchGPT
     from jaxcomposer import ComposerCausalLM
     from jaxcomposer.models import GPT, num_params
     from jaxcomposer.optim import DecoupledAdamW
@@ -627,7 +627,7 @@ def gpt_section(env: Env) -> dict:
              "batch": bs, "tokens_per_step": bs * t,
              "optimizer": {**adamw, "torch": f"torch.optim.AdamW(weight_decay={torch_wd}, fused on CUDA)",
                            "jax": f"DecoupledAdamW(weight_decay={adamw['lr'] * torch_wd:g})"},
-             "loss": "mean next-token cross-entropy (fp32 logits)", "torch_model": "interop.torch_mirrors.TorchGPT"}
+             "loss": "mean next-token cross-entropy (fp32 logits)", "torch_model": "torch_bridge.mirrors.TorchGPT"}
     return {"unit": "tokens/s", "items_per_step": bs * t, "flops_per_item": flops_per_token,
             "flops_source": "6 N + 12 L d T per token (N = params without the position table)",
             "setup": setup, "specs": specs}

@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.steps, args.rounds = 3, 1
-    if str(ROOT) not in sys.path:  # torch_bridge and interop live at the repository root
+    if str(ROOT) not in sys.path:  # torch_bridge lives at the repository root
         sys.path.insert(0, str(ROOT))
     if args.torch_worker:  # the torch side, in a process of its own (see torch_in_child)
         kw = json.loads(sys.stdin.read())

@@ -3,7 +3,7 @@
 Both sides read ``configs/quickstart.yaml`` and train the same thing:
 
 - model: the config's model (``convnet`` or ``resnet_cifar``) with its kwargs; the torch side is its mirror from
-  ``interop.torch_mirrors`` (the same layers, BN eps 1e-5 and torch momentum ``1 - flax momentum``; kaiming-normal
+  ``torch_bridge.mirrors`` (the same layers, BN eps 1e-5 and torch momentum ``1 - flax momentum``; kaiming-normal
   fan-out conv init, flax's lecun-normal (truncated) head init, zero bias). Torch runs NCHW tensors in
   channels-last memory, ``torch.set_num_threads(2)``.
 - data: the same loaders (``jaxcomposer.data.make_loaders`` with the config's seed, so the same shuffled batches)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from interop.torch_mirrors import TorchResNetCIFAR
+from torch_bridge.mirrors import TorchResNetCIFAR
 
 from .classifier import ComposerClassifier
 

@@ -37,7 +37,7 @@ attention (BERT) ``-m_h * |i - j|``; the bias is added to the scaled logits befo
   whole number but ``T * s`` is, each row is cut into ``1/s`` overlapping windows of ``T * s + 1`` tokens (stride
   ``T * s``), so every row trains on ``T * s`` targets as Composer's Hugging Face rows of length ``S * s`` do, and no
   target is lost; entries of length ``T`` (``labels``) are reshaped plainly. Shapes that fit neither raise.
-- Torch: HF GPT-2 (``GPT2Model``, ``GPT2Attention``) and our ``interop`` ``TorchGPT`` twin. HF's ``GPT2Attention``
+- Torch: HF GPT-2 (``GPT2Model``, ``GPT2Attention``) and our ``torch_bridge.mirrors.TorchGPT`` twin. HF's ``GPT2Attention``
   no longer has Composer's ``_attn`` (transformers 5), so its ``forward`` is replaced by one computing eager
   attention with the bias. HF BERT is not converted yet.
 - Native BERT (:class:`jaxcomposer.models.BERT`): as Composer's HF BERT surgery: ``embeddings.position_embeddings``

@@ -35,10 +35,10 @@ Differences, each for a reason:
 - Native BERT (:class:`jaxcomposer.models.BERT`): exactly Composer's surgery on HF BERT: ``intermediate`` ->
   ``Identity`` and ``output`` -> :class:`BERTGatedFFOutput` (``gated_layer``, ``non_gated_layer``, ``wo``,
   ``layernorm``; the output's dropout rate and LayerNorm eps kept), which takes the residual as BERT's output does.
-  Weight conversion to HF (``interop.torch_weights``) has no table for the surgered layers.
+  Weight conversion to HF (``torch_bridge.weights``) has no table for the surgered layers.
 - GPT-2 (torch): ``GPT2MLP`` -> :class:`torch_bridge.methods.gated_linear_units.GatedGPT2MLP`
   (``wo(act(gated(x)) * non_gated(x))`` then GPT-2's residual dropout), fresh layers with torch's default init.
-  Our torch twin ``interop.torch_mirrors.TorchGPT`` is converted as the native GPT is (same parameter names).
+  Our torch twin ``torch_bridge.mirrors.TorchGPT`` is converted as the native GPT is (same parameter names).
 - ``optimizers`` is accepted and ignored: our optimizer is built from the params after the ``model`` slot. The
   functional form returns the model (Composer's returns None), so one call serves NNX and torch. An ``act_fn`` for
   a torch model must be a torch callable (it runs inside the torch module).

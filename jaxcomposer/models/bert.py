@@ -1,7 +1,7 @@
 """BERT (Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding", NAACL
 2019, arXiv:1810.04805) in the module layout of Hugging Face's ``BertModel`` / ``BertForMaskedLM`` /
 ``BertForSequenceClassification``, numerically equal to them (eager attention) and convertible both ways by
-``interop.torch_weights`` (the ``hf`` layout).
+``torch_bridge.weights`` (the ``hf`` layout).
 
 Structure: embeddings (word + position + token type, LayerNorm, dropout), ``n_layers`` post-LN encoder layers
 (separate query/key/value, attention output dense + dropout + residual + LN, intermediate dense + exact erf GELU,
@@ -277,7 +277,7 @@ def bert(size: str = "bert-base-uncased", head: str | None = "mlm", num_labels: 
     (``BERT_SIZES``): WordPiece vocabulary of 30,522, 512 positions, 2 token types, LayerNorm eps 1e-12, dropout
     0.1. ``head``: ``"mlm"`` (``BertForMaskedLM``), ``"classification"`` (``BertForSequenceClassification`` with
     ``num_labels``) or None (``BertModel``). Other keywords go to :class:`BERT` (dropout, attention_dropout, ...).
-    ``interop.torch_weights`` reads and writes Hugging Face's state dicts."""
+    ``torch_bridge.weights`` reads and writes Hugging Face's state dicts."""
     if size not in BERT_SIZES:
         raise ValueError(f"bert: size must be one of {list(BERT_SIZES)}, got {size!r}.")
     d_model, n_layers, n_heads, d_ff, _ = BERT_SIZES[size]

@@ -139,7 +139,7 @@ GPT2_VOCAB, GPT2_CONTEXT = 50257, 1024
 def gpt2(size: str = "gpt2", *, rngs: nnx.Rngs | None = None, seed: int = 0, **kwargs) -> GPT:
     """GPT-2 (Radford et al. 2019) in the shapes of Hugging Face's ``GPT2LMHeadModel``: ``gpt2()`` is the 124M
     model, ``gpt2("gpt2-medium")`` the 355M one (``GPT2_SIZES``). Byte-pair vocabulary of 50,257, 1,024
-    positions, tied LM head, pre-LN blocks with GELU (tanh); ``interop.torch_weights`` reads and writes Hugging
+    positions, tied LM head, pre-LN blocks with GELU (tanh); ``torch_bridge.weights`` reads and writes Hugging
     Face's state dicts. Other keywords go to :class:`GPT` (``seq_len=256`` for shorter training contexts keeps
     the first 256 position rows when loading weights only if you slice them yourself; dropout, attention_impl).
 

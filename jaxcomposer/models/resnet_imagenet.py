@@ -6,7 +6,7 @@ at widths ``width * (1, 2, 4, 8)``, global average pooling and a linear head. Re
 torchvision (the "v1.5" variant) a stage's stride sits on the first 3x3 conv of its first block, and a block whose
 shape changes gets a 1x1 conv + BN projection shortcut; convolutions have no bias and BN follows each one.
 Parameter counts equal torchvision's (``DEPTHS`` lists them; ResNet-50: 25,557,032). Layouts are NHWC;
-``interop.torch_weights`` converts torchvision ``state_dict``s both ways.
+``torch_bridge.weights`` converts torchvision ``state_dict``s both ways.
 
 ``layers`` and ``width`` shrink a network for tests (``layers=(1, 1, 1, 1), width=8`` runs on 32x32 images on a
 CPU, and ``layers=(1,)`` is one stage of one block).

@@ -7,7 +7,7 @@ patch, plus one for [CLS]) are added, and ``n_layers`` pre-LN encoder layers fol
 ``x + drop(fc2(gelu(fc1(layernorm_after(x)))))`` with exact (erf) GELU. A final LayerNorm and a linear classifier on
 the [CLS] token give the logits. Numerically this is Hugging Face's ``ViTForImageClassification`` (transformers
 5.24, eager attention); ``VIT_SIZES`` holds the standard sizes with HF's parameter counts (ViT-B/16: 86,567,656),
-and ``interop.torch_weights`` converts HF state dicts both ways.
+and ``torch_bridge.weights`` converts HF state dicts both ways.
 
 Differences from Hugging Face's module, and why:
 

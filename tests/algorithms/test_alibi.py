@@ -10,8 +10,8 @@ import transformers
 from flax import nnx
 from torch import nn
 
-from interop.torch_mirrors import TorchGPT
-from interop.torch_weights import torch_state_dict_to_nnx
+from torch_bridge.mirrors import TorchGPT
+from torch_bridge.weights import torch_state_dict_to_nnx
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import Alibi, apply_alibi
 from jaxcomposer.algorithms.alibi import AlibiBias, FrozenPositionEmbedding, alibi_head_slopes, scale_sequence_length

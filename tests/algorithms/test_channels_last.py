@@ -11,7 +11,7 @@ from flax import nnx
 from torch import nn
 
 import torch_bridge.kernels
-from interop.torch_mirrors import TorchResNetCIFAR
+from torch_bridge.mirrors import TorchResNetCIFAR
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import ChannelsLast, apply_channels_last
 from jaxcomposer.errors import NoEffectWarning

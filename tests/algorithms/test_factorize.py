@@ -10,7 +10,7 @@ import torch
 from flax import nnx
 from torch import nn
 
-from interop.torch_mirrors import TorchResNetCIFAR
+from torch_bridge.mirrors import TorchResNetCIFAR
 from jaxcomposer import algorithms
 from jaxcomposer.algorithms import Factorize, apply_factorization
 from jaxcomposer.errors import NoEffectWarning

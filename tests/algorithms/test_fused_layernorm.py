@@ -167,7 +167,7 @@ def test_unfusable_layernorm_raises_before_any_change():
 
 
 def test_torch_surgery_in_place_copies_weights():
-    from interop.torch_mirrors import TorchGPT
+    from torch_bridge.mirrors import TorchGPT
     torch.manual_seed(0)
     model = TorchGPT(vocab_size=32, seq_len=8, d_model=16, n_layers=2, n_heads=2)
     with torch.no_grad():  # non-trivial LayerNorm weights, so copying them is visible

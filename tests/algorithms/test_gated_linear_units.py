@@ -220,8 +220,8 @@ def test_torch_bert_surgery_in_place_as_composer():
 
 
 def test_nnx_gpt_matches_torch_twin_after_surgery():
-    from interop.torch_mirrors import TorchGPT
-    from interop.torch_weights import torch_state_dict_to_nnx
+    from torch_bridge.mirrors import TorchGPT
+    from torch_bridge.weights import torch_state_dict_to_nnx
     from torch_bridge.methods.gated_linear_units import GatedFFOutput as TorchGatedFFOutput
 
     torch.manual_seed(0)

@@ -260,7 +260,7 @@ def test_trains_nnx_mlp_and_resumes_bitwise(tmp_path):
 
 
 def test_trains_bridged_torch_mlp_and_resumes_bitwise(tmp_path):
-    from interop.torch_mirrors import TorchMLP
+    from torch_bridge.mirrors import TorchMLP
     from jaxcomposer.models.tasks import ComposerClassifier
 
     def make():

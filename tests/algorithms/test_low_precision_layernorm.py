@@ -141,7 +141,7 @@ def test_nnx_surgery_counts_paths_and_original_untouched():
 
 
 def test_torch_surgery_in_place_copies_weights():
-    from interop.torch_mirrors import TorchGPT
+    from torch_bridge.mirrors import TorchGPT
     torch.manual_seed(0)
     model = TorchGPT(vocab_size=32, seq_len=8, d_model=16, n_layers=2, n_heads=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -10,7 +10,7 @@ from jaxcomposer import errors
 
 PACKAGE = Path(jaxcomposer.__file__).parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
-FORBIDDEN = ("torch", "torch_bridge", "interop", "torchvision", "transformers")
+FORBIDDEN = ("torch", "torch_bridge", "torchvision", "transformers")
 
 
 def _imports(tree: ast.AST):

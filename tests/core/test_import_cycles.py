@@ -1,11 +1,11 @@
-"""No import circles among jaxcomposer's, torch_bridge's and interop's modules: read from their module-level
+"""No import circles among jaxcomposer's and torch_bridge's modules: read from their module-level
 imports (deferred imports inside functions and ``if TYPE_CHECKING:`` blocks do not count; ``from package import
 submodule`` is an edge to the submodule)."""
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("jaxcomposer", "torch_bridge", "interop")
+PACKAGES = ("jaxcomposer", "torch_bridge")
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -12,7 +12,7 @@ import torch
 import transformers
 from flax import nnx
 
-from interop.torch_weights import from_torch_state_dict, to_torch_state_dict
+from torch_bridge.weights import from_torch_state_dict, to_torch_state_dict
 from jaxcomposer.algorithms.alibi import AlibiBias, FrozenPositionEmbedding, alibi_head_slopes, apply_alibi
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.gated_linear_units import BERTGatedFFOutput, Identity, apply_gated_linear_units

@@ -14,7 +14,7 @@ import pytest
 import torch
 from flax import nnx
 
-from interop.torch_weights import (NAMED_MODELS, conversion_table, from_torch_state_dict, load_torch_file,
+from torch_bridge.weights import (NAMED_MODELS, conversion_table, from_torch_state_dict, load_torch_file,
                                    to_torch_state_dict)
 from jaxcomposer import models
 from jaxcomposer.models import sharding
@@ -142,7 +142,7 @@ def test_resnet_train_forward_and_grads_match_torchvision(resnet_pairs, name):
                                   MODEL_TOL, e.torch_key)
             compared += 1
     assert compared == len(torch_grads)
-    # the BN running means move the same way (variances differ by torch's unbiased estimate: see interop docs)
+    # the BN running means move the same way (variances differ by torch's unbiased estimate: see torch_bridge.weights)
     blocks_bn = ours.blocks[0].bn1
     assert_close_on_scale(np.asarray(blocks_bn.mean.get_value()), theirs.layer1[0].bn1.running_mean, LAYER_TOL)
 

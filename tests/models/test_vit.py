@@ -15,7 +15,7 @@ import pytest
 import torch
 from flax import nnx
 
-from interop.torch_weights import (NAMED_MODELS, conversion_table, from_torch_state_dict, to_torch_state_dict,
+from torch_bridge.weights import (NAMED_MODELS, conversion_table, from_torch_state_dict, to_torch_state_dict,
                                    torch_state_dict_to_nnx)
 from jaxcomposer.models import ViT, VIT_SIZES, num_params, sharding, vit
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale

@@ -1,4 +1,4 @@
-"""interop.torch_weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR, ConvNet and GPT."""
+"""torch_bridge.weights: exact NNX <-> torch weight conversion for MLP, ResNetCIFAR, ConvNet and GPT."""
 from __future__ import annotations
 
 import jax
@@ -12,8 +12,8 @@ from jaxcomposer.models.convnet import ConvNet
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP
 from jaxcomposer.models.resnet import ResNetCIFAR
-from interop.torch_mirrors import TorchConvNet, TorchGPT, TorchMLP, TorchResNetCIFAR
-from interop.torch_weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
+from torch_bridge.mirrors import TorchConvNet, TorchGPT, TorchMLP, TorchResNetCIFAR
+from torch_bridge.weights import conversion_table, nnx_to_torch_state_dict, torch_state_dict_to_nnx
 from tests.torch_bridge.parity import LAYER_TOL, MODEL_TOL, assert_close_on_scale
 
 # its module-scoped fixtures and caches are built once per worker: keep its tests on one xdist worker

@@ -2,7 +2,7 @@
 
 HF GPT-2: ``GPT2Model.wpe`` is zeroed and frozen (a persistent buffer of ``max_sequence_length`` rows, so the bridge
 does not train it), and each ``GPT2Attention`` gets a ``forward`` computing eager attention with ALiBi's bias
-(transformers 5 has no ``_attn`` method for Composer's patch to replace). Our ``interop.torch_mirrors.TorchGPT``
+(transformers 5 has no ``_attn`` method for Composer's patch to replace). Our ``torch_bridge.mirrors.TorchGPT``
 twin gets the same treatment, so a torch twin and the native GPT with ALiBi compute the same function. The method
 card is in :mod:`jaxcomposer.algorithms.alibi`.
 """
@@ -74,7 +74,7 @@ def _gpt2_alibi_forward(self, hidden_states, cache=None, attention_mask=None, en
 
 
 def _twin_alibi_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """``interop.torch_mirrors.TorchCausalSelfAttention.forward`` with ALiBi (the bias carries the causal mask)."""
+    """``torch_bridge.mirrors.TorchCausalSelfAttention.forward`` with ALiBi (the bias carries the causal mask)."""
     b, t, d = x.shape
     q, k, v = self.qkv(x).split(d, dim=-1)
     q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
@@ -83,7 +83,7 @@ def _twin_alibi_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _policies(max_sequence_length: int) -> dict:
-    from interop.torch_mirrors import TorchCausalSelfAttention, TorchGPT
+    from torch_bridge.mirrors import TorchCausalSelfAttention, TorchGPT
 
     policies = {}
 

@@ -1,7 +1,7 @@
 """GatedLinearUnits on torch modules (Composer's ``apply_gated_linear_units``), in place.
 
 HF BERT: ``BertIntermediate`` -> ``nn.Identity`` and ``BertOutput`` -> :class:`BERTGatedFFOutput`, exactly as
-Composer. Our additions: HF GPT-2's ``GPT2MLP`` -> :class:`GatedGPT2MLP`, and the ``interop.torch_mirrors.TorchGPT``
+Composer. Our additions: HF GPT-2's ``GPT2MLP`` -> :class:`GatedGPT2MLP`, and the ``torch_bridge.mirrors.TorchGPT``
 twin's ``TorchBlock`` (``fc`` -> ``Identity``, ``fc_proj`` -> :class:`GatedFFOutput`, its ``forward`` without the
 inline GELU), as the native surgery does to ``Block``. The method card is in
 :mod:`jaxcomposer.algorithms.gated_linear_units`.
@@ -43,7 +43,7 @@ class BERTGatedFFOutput(nn.Module):
 class GatedFFOutput(nn.Module):
     """``wo(act(gated_layer(x)) * non_gated_layer(x))``: the torch twin of the native
     :class:`jaxcomposer.algorithms.gated_linear_units.GatedFFOutput` (same parameter names), fresh layers with torch's
-    default init. It replaces ``fc_proj`` in ``interop.torch_mirrors.TorchBlock``, whose ``drop`` follows it."""
+    default init. It replaces ``fc_proj`` in ``torch_bridge.mirrors.TorchBlock``, whose ``drop`` follows it."""
 
     def __init__(self, d_embed: int, d_ff: int, act_fn: Callable, gated_layer_bias: bool = False,
                  non_gated_layer_bias: bool = False):
@@ -84,7 +84,7 @@ def _twin_block_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def _convert_twin_blocks(model: nn.Module, act_fn: Callable | None, gated_layer_bias: bool,
                          non_gated_layer_bias: bool) -> int:
-    from interop.torch_mirrors import TorchBlock
+    from torch_bridge.mirrors import TorchBlock
 
     blocks = [m for m in model.modules() if isinstance(m, TorchBlock) and isinstance(m.fc, nn.Linear)]
     for block in blocks:

@@ -14,19 +14,19 @@ NNX                                    Hugging Face                             
 GPT-2's linear layers are ``Conv1D``, which store weights as (in, out) like ``nnx.Linear``, so nothing is
 transposed, and ``c_attn`` packs q, k, v in the same order as ``qkv``. Exports include ``lm_head.weight`` (a copy
 of the token embedding), as ``GPT2LMHeadModel.state_dict()`` does. A ``GPT2Model`` state dict (no
-``transformer.`` prefix, no head) converts too: :func:`interop.torch_weights.from_torch_state_dict` tries the
+``transformer.`` prefix, no head) converts too: :func:`torch_bridge.weights.from_torch_state_dict` tries the
 prefix-free keys when the prefixed ones are absent. Older checkpoints' causal-mask buffers
 (``attn.bias``, ``attn.masked_bias``) are skipped.
 """
 from __future__ import annotations
 
-from interop.torch_weights.table import ConversionTable, TableBuilder
+from torch_bridge.weights.table import ConversionTable, TableBuilder
 from jaxcomposer.models.gpt import GPT
 
 
 def hf_gpt2_table(model: GPT) -> ConversionTable:
     if model.lm_head is not None:
-        raise ValueError("interop.torch_weights: Hugging Face's GPT-2 ties its LM head to the token embedding; "
+        raise ValueError("torch_bridge.weights: Hugging Face's GPT-2 ties its LM head to the token embedding; "
                          "build the GPT with tie_embeddings=True for the 'hf' layout.")
     b = TableBuilder("GPT", "hf")
     b.embed(("wte",), "transformer.wte")

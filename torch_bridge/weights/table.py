@@ -2,7 +2,7 @@
 
 A table is data, not code: every NNX variable of a model maps to exactly one torch ``state_dict`` key through a
 named layout change (``TRANSFORMS``), so the conversion is checked both ways and lossless. Architecture modules
-(``interop.torch_weights.resnet``, ``.gpt``, ...) each hold one function per torch layout that builds the table for
+(``torch_bridge.weights.resnet``, ``.gpt``, ...) each hold one function per torch layout that builds the table for
 a given model instance (block counts and optional submodules come from the instance).
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ uses ``BertModel``'s keys (no ``bert.`` prefix), so its exports load into ``Bert
 """
 from __future__ import annotations
 
-from interop.torch_weights.table import ConversionTable, TableBuilder
+from torch_bridge.weights.table import ConversionTable, TableBuilder
 from jaxcomposer.models.bert import BERT
 
 

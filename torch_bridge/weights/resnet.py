@@ -13,7 +13,7 @@ NNX                                torchvision
 """
 from __future__ import annotations
 
-from interop.torch_weights.table import ConversionTable, TableBuilder
+from torch_bridge.weights.table import ConversionTable, TableBuilder
 from jaxcomposer.models.resnet_imagenet import ResNetImageNet
 
 

@@ -1,7 +1,7 @@
 """Plain PyTorch mirrors of jaxcomposer's native Flax NNX models (``jaxcomposer.models``).
 
 Each mirror computes exactly the same function as its native counterpart, with the same module attribute names,
-so :mod:`interop.torch_weights` can move weights between them with a short, explicit rename table:
+so :mod:`torch_bridge.weights` can move weights between them with a short, explicit rename table:
 
 - :class:`TorchMLP` <-> :class:`jaxcomposer.models.mlp.MLP`
 - :class:`TorchResNetCIFAR` <-> :class:`jaxcomposer.models.resnet.ResNetCIFAR` (NCHW here, NHWC natively; the

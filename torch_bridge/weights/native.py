@@ -1,4 +1,4 @@
-"""Tables for the ``interop.torch_mirrors`` layouts: module names are the same on both sides.
+"""Tables for the ``torch_bridge.mirrors`` layouts: module names are the same on both sides.
 
 ``MLP``, ``ResNetCIFAR``, ``ConvNet`` and ``GPT`` map onto ``TorchMLP``, ``TorchResNetCIFAR``, ``TorchConvNet`` and
 ``TorchGPT`` key for key
@@ -8,7 +8,7 @@ side; on import a redundant ``lm_head.weight`` (as nanoGPT-style state dicts car
 """
 from __future__ import annotations
 
-from interop.torch_weights.table import ConversionTable, TableBuilder
+from torch_bridge.weights.table import ConversionTable, TableBuilder
 from jaxcomposer.models.convnet import ConvNet
 from jaxcomposer.models.gpt import GPT
 from jaxcomposer.models.mlp import MLP

@@ -1,16 +1,16 @@
 """Exact weight conversion between jaxcomposer's native NNX models and torch ``state_dict``s.
 
-Each architecture has one explicit, shape-checked table per torch layout (:mod:`interop.torch_weights.table`
+Each architecture has one explicit, shape-checked table per torch layout (:mod:`torch_bridge.weights.table`
 holds the vocabulary; one module per architecture holds its tables):
 
 ==================  ============================  =============================================================
 NNX model           layouts (first: the default)  torch side
 ==================  ============================  =============================================================
-``MLP``             ``mirror``                    ``interop.torch_mirrors.TorchMLP``
-``ResNetCIFAR``     ``mirror``                    ``interop.torch_mirrors.TorchResNetCIFAR``
-``ConvNet``         ``mirror``                    ``interop.torch_mirrors.TorchConvNet``
+``MLP``             ``mirror``                    ``torch_bridge.mirrors.TorchMLP``
+``ResNetCIFAR``     ``mirror``                    ``torch_bridge.mirrors.TorchResNetCIFAR``
+``ConvNet``         ``mirror``                    ``torch_bridge.mirrors.TorchConvNet``
 ``ResNetImageNet``  ``torchvision``               ``torchvision.models.resnet{18,34,50,101,152}``
-``GPT``             ``mirror``, ``hf``            ``interop.torch_mirrors.TorchGPT``; HF ``GPT2LMHeadModel``
+``GPT``             ``mirror``, ``hf``            ``torch_bridge.mirrors.TorchGPT``; HF ``GPT2LMHeadModel``
 ``BERT``            ``hf``                        HF ``BertForMaskedLM``, ``BertForSequenceClassification``,
                                                   ``BertModel`` (by the model's ``head``)
 ``ViT``             ``hf``, ``hf_legacy``         HF ``ViTForImageClassification`` (5.x names; the Hub's older
@@ -58,8 +58,8 @@ import numpy as np
 import torch
 from flax import nnx
 
-from interop.torch_weights import bert, gpt2, native, resnet, vit
-from interop.torch_weights.table import ConversionTable, Entry, NnxPath, TableBuilder
+from torch_bridge.weights import bert, gpt2, native, resnet, vit
+from torch_bridge.weights.table import ConversionTable, Entry, NnxPath, TableBuilder
 from jaxcomposer import models
 
 __all__ = ["Entry", "ConversionTable", "TableBuilder", "LAYOUTS", "NAMED_MODELS", "conversion_table",
@@ -95,7 +95,7 @@ def conversion_table(model: nnx.Module, layout: str | None = None) -> Conversion
     if layout is None:
         layout = next(iter(layouts))
     if layout not in layouts:
-        raise ValueError(f"interop.torch_weights: {type(model).__name__} has no layout {layout!r}; "
+        raise ValueError(f"torch_bridge.weights: {type(model).__name__} has no layout {layout!r}; "
                          f"known: {list(layouts)}.")
     return layouts[layout](model)
 
@@ -104,7 +104,7 @@ def _layouts_of(model: nnx.Module) -> dict[str, Callable[[Any], ConversionTable]
     for cls, layouts in LAYOUTS.items():
         if isinstance(model, cls):
             return layouts
-    raise TypeError(f"interop.torch_weights: no conversion table for {type(model).__name__}; "
+    raise TypeError(f"torch_bridge.weights: no conversion table for {type(model).__name__}; "
                     f"supported: {', '.join(c.__name__ for c in LAYOUTS)}.")
 
 
@@ -115,7 +115,7 @@ def _flat_variables(model: nnx.Module, table: ConversionTable) -> dict[NnxPath, 
     unmapped, absent = sorted(set(flat) - wanted, key=str), sorted(wanted - set(flat), key=str)
     if unmapped or absent:
         raise ValueError(
-            f"interop.torch_weights: the {table.architecture} table does not match this {type(model).__name__}: "
+            f"torch_bridge.weights: the {table.architecture} table does not match this {type(model).__name__}: "
             f"variables without a table entry: {['.'.join(map(str, p)) for p in unmapped]}; "
             f"table entries without a variable: {['.'.join(map(str, p)) for p in absent]}.")
     return flat
@@ -139,7 +139,7 @@ def to_torch_state_dict(model: nnx.Module, layout: str | None = None) -> dict[st
 
 
 def nnx_to_torch_state_dict(model: nnx.Module) -> dict[str, torch.Tensor]:
-    """:func:`to_torch_state_dict` in the default layout (the ``interop.torch_mirrors`` one for the models that
+    """:func:`to_torch_state_dict` in the default layout (the ``torch_bridge.mirrors`` one for the models that
     have a mirror)."""
     return to_torch_state_dict(model)
 
@@ -231,7 +231,7 @@ def torch_state_dict_to_nnx(state_dict: Mapping[str, Any], model: nnx.Module,
                 best = (len(problems), name, label, problems)
     _, name, label, problems = best
     shown = problems[:40] + ([f"... and {len(problems) - 40} more"] if len(problems) > 40 else [])
-    raise ValueError(f"interop.torch_weights: state dict does not match {type(model).__name__} in the {name!r} "
+    raise ValueError(f"torch_bridge.weights: state dict does not match {type(model).__name__} in the {name!r} "
                      f"layout (closest reading: keys {label}; layouts tried: {layouts}):\n  " + "\n  ".join(shown))
 
 
@@ -253,7 +253,7 @@ def load_torch_file(path: str | os.PathLike) -> dict[str, Any]:
     wrapper. Loaded with ``weights_only=True``: no code in the file runs."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"interop.torch_weights: no weights file at {str(path)!r}; give the path of a "
+        raise FileNotFoundError(f"torch_bridge.weights: no weights file at {str(path)!r}; give the path of a "
                                 ".safetensors, .pt, .pth or .bin file saved from the torch model.")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -267,7 +267,7 @@ def load_torch_file(path: str | os.PathLike) -> dict[str, Any]:
             return dict(inner)
     if isinstance(obj, Mapping) and all(isinstance(v, torch.Tensor) for v in obj.values()):
         return dict(obj)
-    raise ValueError(f"interop.torch_weights: {str(path)!r} holds no state dict (a mapping of names to tensors, "
+    raise ValueError(f"torch_bridge.weights: {str(path)!r} holds no state dict (a mapping of names to tensors, "
                      "directly or under 'state_dict', 'model' or Composer's 'state' -> 'model').")
 
 

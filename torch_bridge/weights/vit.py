@@ -28,7 +28,7 @@ the classifier yourself.
 """
 from __future__ import annotations
 
-from interop.torch_weights.table import ConversionTable, TableBuilder
+from torch_bridge.weights.table import ConversionTable, TableBuilder
 from jaxcomposer.models.vit import ViT
 
 # our name -> (hf, hf_legacy) within one layer, relative to L
