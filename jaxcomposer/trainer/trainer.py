@@ -184,7 +184,8 @@ class Trainer(ReadsPlan):
         self.train_subset_num_batches = a.train_subset_num_batches
         self.eval_subset_num_batches = a.eval_subset_num_batches
         self.microbatch_size = a.device_train_microbatch_size  # 'auto' is resolved at the first batch
-        self._conv_choices_said = False  # conv_impl='auto': its choices are said after the first step
+        self._conv_choices_said, self._conv_mark = False, None  # conv_impl="auto": said after the first step
+        self._last_eval_batch = -1  # the batch the last evaluation in fit ran after
         self.device_memory_bytes = a.device_memory_bytes
         self.scale_schedule_ratio = a.scale_schedule_ratio
 
@@ -397,113 +398,131 @@ class Trainer(ReadsPlan):
         return st
 
     def _fit_loop(self, preemption: "_PreemptionGuard") -> None:
+        """FIT_START; epochs until the duration is reached or a stop is asked; the final evaluation, checkpoint
+        and FIT_END."""
         st = self.state
         self._fire(Event.FIT_START)
         self._mark = time.perf_counter()
-        last_eval_batch = -1
+        self._last_eval_batch = -1
         conv_tuner = adapters.loaded_kernel("torch", "conv_autotune")  # conv_impl='auto' (models, bridged CNNs)
-        conv_mark = None if conv_tuner is None or self._conv_choices_said else len(conv_tuner().traced)
+        self._conv_mark = None if conv_tuner is None or self._conv_choices_said else len(conv_tuner().traced)
         while not self._done() and not st.stop_requested:
-            self._seek_train_data()
-            st.train_metric_sums = None  # as Composer resets its train metrics each epoch
-            self._fire(Event.EPOCH_START)
-            seen, stop_signal = 0, None
-            for chunk in self._chunks(self._device_batches(self.train_dataloader, self.train_subset_num_batches,
-                                                           check=True, position=(st.timestamp.epoch,
-                                                                                 st.timestamp.batch_in_epoch))):
-                # several batches: trained already by one compiled call; their events follow, batch by batch
-                chunk_metrics = self._train_chunk(chunk) if self.steps_per_execution > 1 \
-                    and self.microbatch_size != "auto" else None
-                chunk_signal = None
-                for i, batch in enumerate(chunk):
-                    chunk_done = i == len(chunk) - 1  # the host may act (save, stop) only between calls
-                    st.batch = batch
-                    self._fire(Event.BEFORE_DATALOADER)  # (the prefetcher read it already; the order is Composer's)
-                    self._fire(Event.AFTER_DATALOADER)
-                    self._fire(Event.BATCH_START)
-                    self._fire(Event.BEFORE_TRAIN_BATCH)
-                    n, seen = _batch_size(batch), seen + 1
-                    if chunk_metrics is None:
-                        stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
-                                                    self._host_ctx(int(st.timestamp.batch)))
-                        self._host_lr = self._host_multiplier()
-                        if self.microbatch_size == "auto":
-                            self.microbatch_size = self._auto_microbatch_size(batch, stage)
-                        host = None
-                        if self.engine is not None:  # users' algorithms: match and replay, on the host
-                            batch, stage, host = self._prepare_algorithms(batch, stage)
-                            n = _batch_size(batch)
-                        with self._marker("step", device_step=True):
-                            st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr,
-                                                                        host)
-                    else:
-                        metrics = chunk_metrics[i]
-                    st.batch_size, st.batch = n, batch
-                    st.timestamp = st.timestamp.to_next_batch(
-                        samples=self._count_samples(batch), tokens=self._count_tokens(batch),
-                        duration=self._since_mark())
-                    st.batch_metrics = metrics
-                    if self.step_schedulers_every_batch and self.torch_schedulers:  # after the step, as Composer
-                        self._step_torch_schedulers()
-                    if self._foreign_optimizer is not None:  # its groups' lr: the next step's, as a torch scheduler
-                        self._foreign_optimizer.set_lr(
-                            self._lr_multiplier_on_host(int(st.timestamp.batch)) * self._host_lr)
-                    # checked without waiting on the device (the state is safe meanwhile: the step itself refuses
-                    # non-finite updates), so the host keeps steps queued instead of waking on every one
-                    self._pending_checks.append((st.timestamp.batch, metrics))
-                    self._check_finite(wait=False)
-                    self.logger.set_step(st.timestamp.batch)
-                    self.logger.log_metrics({"loss/train/total": metrics["loss"]})
-                    if "logs" in metrics:  # what in-step algorithms logged, with this batch's values
-                        self.logger.log_metrics(metrics["logs"])
-                    if self._train_metrics:
-                        self._log_train_metrics(metrics["train_metrics"])
-                    self._fire_step_events(n)
-                    self._fire(Event.BATCH_END)
-                    if conv_mark is not None:  # the first step is traced: say what 'auto' chose for its convolutions
-                        self._say_conv_choices(conv_tuner().summary(since=conv_mark))
-                        conv_mark = None
-                    # (a chunk ends where an evaluation or a checkpoint is due: _chunk_length)
-                    if self._run_eval(TimeUnit.BATCH):
-                        last_eval_batch = st.timestamp.batch
-                    epoch_complete = bool(self.steps_per_epoch) and \
-                        st.timestamp.batch_in_epoch >= self.steps_per_epoch
-                    if not epoch_complete and self._due(self.save_interval, TimeUnit.BATCH):
-                        self._save()  # (an epoch's last batch is saved after the epoch closes, below)
-                    self._fire(Event.BATCH_CHECKPOINT)
-                    signal_now = preemption.poll(st.timestamp.batch)  # every batch: a collective across processes
-                    chunk_signal = chunk_signal or signal_now
-                    stop_signal = chunk_signal if chunk_done else None
-                    if stop_signal is not None and not epoch_complete:
-                        self._preempted(stop_signal)  # (on an epoch's last batch: after the epoch closes)
-                    if chunk_done and (self._done() or st.stop_requested) and not epoch_complete:
-                        break  # (a finished epoch is closed below first, so a later fit starts on a fresh one)
-                else:
-                    continue
-                break
-            else:
-                if seen == 0:
-                    raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
-                self._fire(Event.BEFORE_DATALOADER)  # Composer's once more, for the loader's exhaustion
-                st.timestamp = st.timestamp.to_next_epoch(
-                    duration=self._since_mark())
-                if not self.step_schedulers_every_batch and self.torch_schedulers:  # Composer's default for them
-                    self._step_torch_schedulers()
-                self._fire(Event.EPOCH_END)
-                if self._run_eval(TimeUnit.EPOCH):
-                    last_eval_batch = st.timestamp.batch
-                if self._due(self.save_interval, TimeUnit.EPOCH) or \
-                        self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
-                    self._save()
-                self._fire(Event.EPOCH_CHECKPOINT)
-                if stop_signal is not None:
-                    self._preempted(stop_signal)
-                continue
-            break
+            self._train_epoch(preemption)
+        self._finish_fit()
+
+    def _train_epoch(self, preemption: "_PreemptionGuard") -> None:
+        """The epoch from where the timestamp is: EPOCH_START, its batches in compiled calls, and the epoch's close
+        (EPOCH_END, evaluation, checkpoint), unless training stops inside it: then a later ``fit`` goes on inside
+        this epoch. A stop signal ends training after the call it arrived in (after the close on an epoch's last
+        call), as the host may act only between calls."""
+        st = self.state
+        self._seek_train_data()
+        st.train_metric_sums = None  # as Composer resets its train metrics each epoch
+        self._fire(Event.EPOCH_START)
+        batches = self._device_batches(self.train_dataloader, self.train_subset_num_batches, check=True,
+                                       position=(st.timestamp.epoch, st.timestamp.batch_in_epoch))
+        seen, stop_signal = 0, None
+        for chunk in self._chunks(batches):
+            seen += len(chunk)
+            stop_signal = self._train_call(chunk, preemption)
+            if self._epoch_complete():
+                continue  # the loader is exhausted: the epoch closes below
+            if stop_signal is not None:
+                self._preempted(stop_signal)
+            if self._done() or st.stop_requested:
+                return
+        if seen == 0:
+            raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
+        self._close_epoch(stop_signal)
+
+    def _train_call(self, chunk: list[dict], preemption: "_PreemptionGuard") -> int | None:
+        """The batches of one compiled call (one batch, or up to ``steps_per_execution`` trained at once), each
+        with its events; the stop signal that arrived meanwhile, or None."""
+        chunk_metrics = self._train_chunk_in_one_call(chunk) if self.steps_per_execution > 1 \
+            and self.microbatch_size != "auto" else None
+        stop_signal = None
+        for i, batch in enumerate(chunk):
+            self._train_batch(batch, None if chunk_metrics is None else chunk_metrics[i])
+            signal_now = preemption.poll(self.state.timestamp.batch)  # every batch: a collective across processes
+            stop_signal = stop_signal or signal_now
+        return stop_signal
+
+    def _train_batch(self, batch: dict, metrics: dict | None) -> None:
+        """One batch's events around its step (``metrics``: the step already ran in a multi-batch call), then the
+        clock, the logs, and the evaluation and checkpoint due at its end."""
+        st = self.state
+        st.batch = batch
+        self._fire(Event.BEFORE_DATALOADER)  # (the prefetcher read it already; the order is Composer's)
+        self._fire(Event.AFTER_DATALOADER)
+        self._fire(Event.BATCH_START)
+        self._fire(Event.BEFORE_TRAIN_BATCH)
+        n = _batch_size(batch)
+        if metrics is None:
+            stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
+                                        self._host_ctx(int(st.timestamp.batch)))
+            self._host_lr = self._host_multiplier()
+            if self.microbatch_size == "auto":
+                self.microbatch_size = self._auto_microbatch_size(batch, stage)
+            host = None
+            if self.engine is not None:  # users' algorithms: match and replay, on the host
+                batch, stage, host = self._prepare_algorithms(batch, stage)
+                n = _batch_size(batch)
+            with self._marker("step", device_step=True):
+                st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr, host)
+        st.batch_size, st.batch = n, batch
+        st.timestamp = st.timestamp.to_next_batch(samples=self._count_samples(batch),
+                                                  tokens=self._count_tokens(batch), duration=self._since_mark())
+        st.batch_metrics = metrics
+        if self.step_schedulers_every_batch and self.torch_schedulers:  # after the step, as Composer
+            self._step_torch_schedulers()
+        if self._foreign_optimizer is not None:  # its groups' lr: the next step's, as a torch scheduler's
+            self._foreign_optimizer.set_lr(self._lr_multiplier_on_host(int(st.timestamp.batch)) * self._host_lr)
+        # checked without waiting on the device (the state is safe meanwhile: the step itself refuses non-finite
+        # updates), so the host keeps steps queued instead of waking on every one
+        self._pending_checks.append((st.timestamp.batch, metrics))
+        self._check_finite(wait=False)
+        self.logger.set_step(st.timestamp.batch)
+        self.logger.log_metrics({"loss/train/total": metrics["loss"]})
+        if "logs" in metrics:  # what in-step algorithms logged, with this batch's values
+            self.logger.log_metrics(metrics["logs"])
+        if self._train_metrics:
+            self._log_train_metrics(metrics["train_metrics"])
+        self._fire_step_events(n)
+        self._fire(Event.BATCH_END)
+        self._say_conv_choices()
+        # (a multi-batch call ends where an evaluation or a checkpoint is due: _chunk_length)
+        self._run_eval(TimeUnit.BATCH)
+        if not self._epoch_complete() and self._due(self.save_interval, TimeUnit.BATCH):
+            self._save()  # (an epoch's last batch is saved after the epoch closes)
+        self._fire(Event.BATCH_CHECKPOINT)
+
+    def _epoch_complete(self) -> bool:
+        return bool(self.steps_per_epoch) and self.state.timestamp.batch_in_epoch >= self.steps_per_epoch
+
+    def _close_epoch(self, stop_signal: int | None) -> None:
+        """The epoch's end: the clock, torch schedulers stepped per epoch, EPOCH_END, the evaluation and the
+        checkpoint due, EPOCH_CHECKPOINT; then a stop signal that arrived in its last call."""
+        st = self.state
+        self._fire(Event.BEFORE_DATALOADER)  # Composer's once more, for the loader's exhaustion
+        st.timestamp = st.timestamp.to_next_epoch(duration=self._since_mark())
+        if not self.step_schedulers_every_batch and self.torch_schedulers:  # Composer's default for them
+            self._step_torch_schedulers()
+        self._fire(Event.EPOCH_END)
+        self._run_eval(TimeUnit.EPOCH)
+        if self._due(self.save_interval, TimeUnit.EPOCH) or \
+                self._due(self.save_interval, TimeUnit.BATCH, st.timestamp.batch):
+            self._save()
+        self._fire(Event.EPOCH_CHECKPOINT)
+        if stop_signal is not None:
+            self._preempted(stop_signal)
+
+    def _finish_fit(self) -> None:
+        """After the last epoch or a stop: the final weights evaluated and saved, then FIT_END."""
+        st = self.state
         # the prefetcher read a few batches ahead, and how many depends on timing: leave the loader where training
         # is, so its position after fit is what was trained (and the same in a resumed run as in a straight one)
         self._seek_train_data()
-        if last_eval_batch != st.timestamp.batch:
+        if self._last_eval_batch != st.timestamp.batch:
             self._run_eval(None)  # the final weights always get evaluated (by every set with an interval)
         self._check_finite()
         if self.store is not None:
@@ -897,9 +916,9 @@ class Trainer(ReadsPlan):
         elif hasattr(loader, "set_epoch"):
             loader.set_epoch(ts.epoch)
 
-    def _run_eval(self, unit: TimeUnit | None) -> bool:
+    def _run_eval(self, unit: TimeUnit | None) -> None:
         """Evaluate the sets due at this ``unit``'s boundary (``None``: every set with an interval, at the end of
-        fit); whether any was."""
+        fit)."""
         due = [ev for ev in self._eval_sets
                if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
         if due:
@@ -910,7 +929,7 @@ class Trainer(ReadsPlan):
                 self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
         if due:
             self._fire(Event.EVAL_AFTER_ALL)
-        return bool(due)
+            self._last_eval_batch = self.state.timestamp.batch
 
     def _done(self) -> bool:
         ts = self.state.timestamp
@@ -1025,7 +1044,7 @@ class Trainer(ReadsPlan):
                 chunk.append(nxt)
             yield chunk
 
-    def _train_chunk(self, chunk: list[dict]) -> list[dict] | None:
+    def _train_chunk_in_one_call(self, chunk: list[dict]) -> list[dict] | None:
         """Trains ``chunk`` in one multi-step call (padded to ``steps_per_execution`` with its last batch, whose
         extra steps the program skips) and returns each batch's metrics; None, with nothing trained, when the
         methods give its batches different stages, which compile differently: they then run one by one."""
@@ -1095,10 +1114,13 @@ class Trainer(ReadsPlan):
         if any(isinstance(d, (ProgressBarLogger, ConsoleLogger)) for d in self.logger.destinations):
             print(f"jaxcomposer: {message}", file=sys.stderr, flush=True)
 
-    def _say_conv_choices(self, summary: str | None) -> None:
-        """What ``conv_impl='auto'`` chose for the convolutions of the first step (once per Trainer): logged as the
-        ``conv_impl`` hyperparameter and said on the console."""
-        self._conv_choices_said = True
+    def _say_conv_choices(self) -> None:
+        """What ``conv_impl='auto'`` chose for the convolutions of the first step (once per Trainer, after it):
+        logged as the ``conv_impl`` hyperparameter and said on the console."""
+        if self._conv_mark is None:
+            return
+        summary = adapters.loaded_kernel("torch", "conv_autotune")().summary(since=self._conv_mark)
+        self._conv_choices_said, self._conv_mark = True, None
         if summary is not None:
             self.logger.log_hyperparameters({"conv_impl": summary})
             self._tell(f"conv_impl='auto' chose {summary}")
