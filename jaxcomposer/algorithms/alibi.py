@@ -69,8 +69,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["Alibi", "AlibiBias", "FrozenPositionEmbedding", "alibi_head_slopes", "apply_alibi",
@@ -163,18 +162,11 @@ def apply_alibi(model: Any, max_sequence_length: int, optimizers: Any = None, *,
     does not shorten the training sequences: that is the :func:`Alibi` method's batch reshape.
     """
     max_sequence_length = _check_max_sequence_length(max_sequence_length, "apply_alibi")
-    if isinstance(model, nnx.Module):
-        new, count = _apply_nnx(model, max_sequence_length, bool(inplace))
-        what = "no GPT CausalSelfAttention or BERT BertAttention"
-    else:
-        foreign = adapters.surgery("Alibi", model)  # torch_bridge's torch surgery
-        if foreign is None:
-            raise TypeError(f"apply_alibi: expected a flax.nnx.Module or a torch.nn.Module, got "
-                            f"{type(model).__name__}.")
-        with optimizers_follow(model, optimizers, "apply_alibi"):
-            new, count = foreign(model, max_sequence_length=max_sequence_length)
-        what = "no GPT2Attention or TorchCausalSelfAttention"
+    new, count = apply_surgery("Alibi", model, lambda m: _apply_nnx(m, max_sequence_length, bool(inplace)),
+                               who="apply_alibi", optimizers=optimizers, max_sequence_length=max_sequence_length)
     if count == 0:
+        what = ("no GPT CausalSelfAttention or BERT BertAttention" if isinstance(model, nnx.Module)
+                else "no GPT2Attention or TorchCausalSelfAttention")
         warnings.warn(NoEffectWarning(f"Alibi did not change {type(model).__name__}: {what} was found (or ALiBi "
                                       "was applied already)."), stacklevel=2)
     return new

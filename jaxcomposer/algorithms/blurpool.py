@@ -52,8 +52,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.models.resnet_imagenet import MaxPool2d
@@ -148,36 +147,22 @@ def _is_strided_conv2d(m: Any, min_channels: int) -> bool:
 def _apply_blurpool_nnx(model: nnx.Module, replace_convs: bool, replace_maxpools: bool, blur_first: bool,
                         min_channels: int, inplace: bool = False):
     """Swap the eligible convs of ``model`` (``inplace``) or of a clone of it for :class:`BlurConv` and its
-    max-pools for :class:`BlurMaxPool2d`; ``(model or the clone, n_replaced)``.
+    max-pools for :class:`BlurMaxPool2d`; ``(model or the clone, n_blur_maxpools, n_blur_convs)`` in the result.
 
     Convs already inside a :class:`BlurConv` are left alone, so applying BlurPool twice does not blur twice.
     """
     new = model if inplace else nnx.clone(model)
-    n = 0
     if replace_maxpools:  # every max-pool, as Composer's surgery replaces every MaxPool2d
-        n += replace_modules(new, lambda m: isinstance(m, MaxPool2d), lambda pool, i: BlurMaxPool2d(pool),
-                             skip=(BlurMaxPool2d,))
+        replace_modules(new, lambda m: isinstance(m, MaxPool2d), lambda pool, i: BlurMaxPool2d(pool),
+                        skip=(BlurMaxPool2d,))
     if replace_convs:
         # a conv shared by two parents becomes one BlurConv in both (Composer's surgery does the same); a BlurConv's
         # own conv is not blurred twice
-        n += replace_modules(new, lambda m: _is_strided_conv2d(m, min_channels),
-                             lambda conv, i: BlurConv(conv, blur_first), skip=(BlurConv,))
-    return new, n
-
-
-def _apply(model: Any, replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int,
-           nnx_inplace: bool):
-    if isinstance(model, nnx.Module):
-        new, _ = _apply_blurpool_nnx(model, replace_convs, replace_maxpools, blur_first, min_channels,
-                                     inplace=nnx_inplace)
-        # As Composer, count the blur layers in the result (a model blurred before does not warn again).
-        layers = [m for _, m in nnx.iter_graph(new)]
-        return new, sum(isinstance(m, BlurMaxPool2d) for m in layers), sum(isinstance(m, BlurConv) for m in layers)
-    foreign = adapters.surgery("BlurPool", model)  # torch_bridge registers the torch layers under this name
-    if foreign is not None:
-        return foreign(model, replace_convs=replace_convs, replace_maxpools=replace_maxpools, blur_first=blur_first,
-                       min_channels=min_channels)
-    raise TypeError(f"apply_blurpool: expected a flax.nnx.Module or a torch.nn.Module, got {type(model).__name__}.")
+        replace_modules(new, lambda m: _is_strided_conv2d(m, min_channels),
+                        lambda conv, i: BlurConv(conv, blur_first), skip=(BlurConv,))
+    # As Composer, count the blur layers in the result (a model blurred before does not warn again).
+    layers = [m for _, m in nnx.iter_graph(new)]
+    return new, sum(isinstance(m, BlurMaxPool2d) for m in layers), sum(isinstance(m, BlurConv) for m in layers)
 
 
 def apply_blurpool(model: Any, replace_convs: bool = True, replace_maxpools: bool = True, blur_first: bool = True,
@@ -191,8 +176,11 @@ def apply_blurpool(model: Any, replace_convs: bool = True, replace_maxpools: boo
     Warns with :class:`NoEffectWarning` when no layer was replaced.
     """
     with optimizers_follow(model, optimizers, "apply_blurpool"):
-        new, n_pool, n_conv = _apply(model, replace_convs, replace_maxpools, blur_first, int(min_channels),
-                                     nnx_inplace=bool(inplace))
+        new, n_pool, n_conv = apply_surgery(
+            "BlurPool", model, lambda m: _apply_blurpool_nnx(m, replace_convs, replace_maxpools, blur_first,
+                                                             int(min_channels), inplace=bool(inplace)),
+            who="apply_blurpool", replace_convs=replace_convs, replace_maxpools=replace_maxpools,
+            blur_first=blur_first, min_channels=int(min_channels))
     if n_pool == 0 and n_conv == 0:
         warnings.warn(NoEffectWarning(
             f"BlurPool did not change any layers of {type(model).__name__}: no strided Conv2d with in_channels >= "

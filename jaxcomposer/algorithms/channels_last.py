@@ -41,7 +41,7 @@ from typing import Any
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["ChannelsLast", "apply_channels_last"]
@@ -54,17 +54,13 @@ def apply_channels_last(model: Any, *, inplace: bool | None = None):
     Flax NNX module is returned as it is (a clone unless ``inplace=True``, as other surgeries) with a
     :class:`NoEffectWarning`: its convolutions are NHWC already. A torch module without convolutions warns too.
     """
-    if isinstance(model, nnx.Module):
+    new, n_convs = apply_surgery("ChannelsLast", model, lambda m: (m if inplace else nnx.clone(m), None),
+                                 who="apply_channels_last")
+    if n_convs is None:  # the NNX branch counts nothing: it changes nothing
         warnings.warn(NoEffectWarning(
             f"ChannelsLast did not change {type(model).__name__}: Flax NNX convolutions compute in NHWC "
             "(channels-last) already."), stacklevel=2)
-        return model if inplace else nnx.clone(model)
-    foreign = adapters.surgery("ChannelsLast", model)  # torch_bridge.methods.channels_last
-    if foreign is None:
-        raise TypeError(f"apply_channels_last: expected a flax.nnx.Module or a torch.nn.Module, "
-                        f"got {type(model).__name__}.")
-    new, n_convs = foreign(model)
-    if n_convs == 0:
+    elif n_convs == 0:
         warnings.warn(NoEffectWarning(
             f"ChannelsLast did not change any convolution of {type(model).__name__}: it has no nn.Conv module."),
             stacklevel=2)

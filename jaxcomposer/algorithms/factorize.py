@@ -53,9 +53,7 @@ import jax
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["Factorize", "FactorizedConv", "FactorizedLinear", "apply_factorization", "clean_latent_size",
@@ -144,7 +142,9 @@ _FACTORIZED = (FactorizedConv, FactorizedLinear)  # their parts are never factor
 
 
 def _factorize_nnx(model: nnx.Module, factorize_convs: bool, factorize_linears: bool, min_channels: int,
-                   latent_channels: float, min_features: int, latent_features: float, key) -> None:
+                   latent_channels: float, min_features: int, latent_features: float, key,
+                   inplace: bool) -> tuple[nnx.Module, int]:
+    model = model if inplace else nnx.clone(model)
     rngs = nnx.Rngs(params=key)
     if factorize_convs:
         def wanted_conv(m):
@@ -158,6 +158,7 @@ def _factorize_nnx(model: nnx.Module, factorize_convs: bool, factorize_linears: 
                     and factorizing_could_speedup(m, latent_features))
         replace_modules(model, wanted_linear, lambda m, i: FactorizedLinear(m, latent_features, rngs=rngs),
                         skip=_FACTORIZED)
+    return model, sum(isinstance(m, _FACTORIZED) for _, m in nnx.iter_graph(model))
 
 
 def _check_latent(value: Any, name: str, where: str) -> float:
@@ -190,20 +191,13 @@ def apply_factorization(model: Any, factorize_convs: bool = True, factorize_line
                                   _check_min(min_features, "min_features", where))
     latent_channels = _check_latent(latent_channels, "latent_channels", where)
     latent_features = _check_latent(latent_features, "latent_features", where)
-    if isinstance(model, nnx.Module):
-        new = model if inplace else nnx.clone(model)
-        _factorize_nnx(new, factorize_convs, factorize_linears, min_channels, latent_channels, min_features,
-                       latent_features, jax.random.PRNGKey(0) if key is None else key)
-        count = sum(isinstance(m, (FactorizedConv, FactorizedLinear)) for _, m in nnx.iter_graph(new))
-    else:
-        foreign = adapters.surgery("Factorize", model)  # torch_bridge registers the torch layers under this name
-        if foreign is None:
-            raise TypeError(f"apply_factorization: expected a flax.nnx.Module or a torch.nn.Module, "
-                            f"got {type(model).__name__}.")
-        with optimizers_follow(model, optimizers, where):
-            new, count = foreign(model, factorize_convs=factorize_convs, factorize_linears=factorize_linears,
-                                 min_channels=min_channels, latent_channels=latent_channels,
-                                 min_features=min_features, latent_features=latent_features)
+    new, count = apply_surgery(
+        "Factorize", model,
+        lambda m: _factorize_nnx(m, factorize_convs, factorize_linears, min_channels, latent_channels, min_features,
+                                 latent_features, jax.random.PRNGKey(0) if key is None else key, bool(inplace)),
+        who=where, optimizers=optimizers, factorize_convs=factorize_convs, factorize_linears=factorize_linears,
+        min_channels=min_channels, latent_channels=latent_channels, min_features=min_features,
+        latent_features=latent_features)
     if count == 0:
         warnings.warn(NoEffectWarning(
             f"Factorize did not change any layers of {type(model).__name__}: no Conv2d with min(in, out) >= "

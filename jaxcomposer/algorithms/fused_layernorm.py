@@ -75,7 +75,7 @@ from flax import nnx
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
 from jaxcomposer.algorithms.low_precision_layernorm import layer_norm_as, replace_norms
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["FusedLayerNorm", "FusedLayerNormModule", "apply_fused_layernorm", "fused_layer_norm"]
@@ -197,14 +197,7 @@ def _replace_nnx(model: nnx.Module, inplace: bool):
 
 
 def _apply(model: Any, inplace: bool, stacklevel: int):
-    if isinstance(model, nnx.Module):
-        new, n = _replace_nnx(model, inplace)
-    else:
-        foreign = adapters.surgery("FusedLayerNorm", model)  # torch_bridge.methods.fused_layernorm
-        if foreign is None:
-            raise TypeError(f"apply_fused_layernorm: expected a flax.nnx.Module or a torch.nn.Module, got "
-                            f"{type(model).__name__}.")
-        new, n = foreign(model)
+    new, n = apply_surgery("FusedLayerNorm", model, lambda m: _replace_nnx(m, inplace), who="apply_fused_layernorm")
     if n == 0:
         warnings.warn(NoEffectWarning(f"FusedLayerNorm: no instances of LayerNorm (nnx.LayerNorm / "
                                       f"torch.nn.LayerNorm) were found in {type(model).__name__}, and therefore "

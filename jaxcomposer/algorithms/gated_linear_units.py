@@ -64,8 +64,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["GatedLinearUnits", "GatedFFOutput", "BERTGatedFFOutput", "Identity", "apply_gated_linear_units",
@@ -191,20 +190,14 @@ def apply_gated_linear_units(model: Any, optimizers: Any = None, act_fn: Callabl
     """
     if act_fn is not None and not callable(act_fn):
         raise TypeError(f"apply_gated_linear_units: act_fn must be callable or None, got {type(act_fn).__name__}.")
-    if isinstance(model, nnx.Module):
-        new, count = _apply_nnx(model, act_fn, bool(gated_layer_bias), bool(non_gated_layer_bias),
-                                bool(inplace), int(seed))
-        what = "no GPT Block with a plain fc/fc_proj MLP or BERT layer with a plain intermediate/output"
-    else:
-        foreign = adapters.surgery("GatedLinearUnits", model)  # torch_bridge's torch surgery
-        if foreign is None:
-            raise TypeError(f"apply_gated_linear_units: expected a flax.nnx.Module or a torch.nn.Module, got "
-                            f"{type(model).__name__}.")
-        with optimizers_follow(model, optimizers, "apply_gated_linear_units"):
-            new, count = foreign(model, act_fn=act_fn, gated_layer_bias=bool(gated_layer_bias),
-                                 non_gated_layer_bias=bool(non_gated_layer_bias))
-        what = "no BertIntermediate/BertOutput pair, GPT2MLP or TorchBlock MLP"
+    new, count = apply_surgery(
+        "GatedLinearUnits", model,
+        lambda m: _apply_nnx(m, act_fn, bool(gated_layer_bias), bool(non_gated_layer_bias), bool(inplace), int(seed)),
+        who="apply_gated_linear_units", optimizers=optimizers, act_fn=act_fn, gated_layer_bias=bool(gated_layer_bias),
+        non_gated_layer_bias=bool(non_gated_layer_bias))
     if count == 0:
+        what = ("no GPT Block with a plain fc/fc_proj MLP or BERT layer with a plain intermediate/output"
+                if isinstance(model, nnx.Module) else "no BertIntermediate/BertOutput pair, GPT2MLP or TorchBlock MLP")
         warnings.warn(NoEffectWarning(f"GatedLinearUnits did not change {type(model).__name__}: {what} was found "
                                       "(or the model was converted already)."), stacklevel=2)
     return new

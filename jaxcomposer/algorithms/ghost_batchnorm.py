@@ -57,8 +57,7 @@ from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.models.norms import with_cheap_stat_writes
 
@@ -123,23 +122,12 @@ class GhostBatchNormModule(nnx.Module):
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
-def _apply_nnx(model: nnx.Module, ghost_batch_size: int, inplace: bool) -> nnx.Module:
+def _apply_nnx(model: nnx.Module, ghost_batch_size: int, inplace: bool) -> tuple[nnx.Module, int]:
     new = model if inplace else nnx.clone(model)
     # a BatchNorm shared by two parents gets one wrapper; every wrapper is built (and checked) before the first edit
     replace_modules(new, lambda m: isinstance(m, nnx.BatchNorm),
                     lambda bn, i: GhostBatchNormModule(bn, ghost_batch_size), skip=(GhostBatchNormModule,))
-    return new
-
-
-def _apply(model: Any, ghost_batch_size: int, nnx_inplace: bool) -> tuple[Any, int]:
-    if isinstance(model, nnx.Module):
-        new = _apply_nnx(model, ghost_batch_size, nnx_inplace)
-        return new, sum(isinstance(m, GhostBatchNormModule) for _, m in nnx.iter_graph(new))
-    foreign = adapters.surgery("GhostBatchNorm", model)  # torch_bridge registers the torch layers under this name
-    if foreign is not None:
-        return foreign(model, ghost_batch_size=ghost_batch_size)
-    raise TypeError(f"apply_ghost_batchnorm: expected a flax.nnx.Module or a torch.nn.Module, "
-                    f"got {type(model).__name__}.")
+    return new, sum(isinstance(m, GhostBatchNormModule) for _, m in nnx.iter_graph(new))
 
 
 def apply_ghost_batchnorm(model: Any, ghost_batch_size: int = 32, optimizers: Any = None, *,
@@ -153,7 +141,8 @@ def apply_ghost_batchnorm(model: Any, ghost_batch_size: int = 32, optimizers: An
     """
     ghost_batch_size = _check_ghost_batch_size(ghost_batch_size, "apply_ghost_batchnorm")
     with optimizers_follow(model, optimizers, "apply_ghost_batchnorm"):
-        new, count = _apply(model, ghost_batch_size, nnx_inplace=bool(inplace))
+        new, count = apply_surgery("GhostBatchNorm", model, lambda m: _apply_nnx(m, ghost_batch_size, bool(inplace)),
+                                   who="apply_ghost_batchnorm", ghost_batch_size=ghost_batch_size)
     if count == 0:
         warnings.warn(NoEffectWarning(f"GhostBatchNorm did not change any layers of {type(model).__name__}: no "
                                       f"BatchNorm layer was found."), stacklevel=2)

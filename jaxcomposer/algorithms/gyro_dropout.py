@@ -63,8 +63,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["GyroDropout", "GyroDropoutLayer", "GyroDropoutState", "apply_gyro_dropout", "gyro_iter_num"]
@@ -148,18 +147,6 @@ def _apply_nnx(model: nnx.Module, total_iters: float, p: float, sigma: int, tau:
     return new, n
 
 
-def _apply(model: Any, total_iters: float, p: float, sigma: int, tau: int, inplace: bool):
-    """``(model or its clone, layers replaced, prepare)``: ``prepare(model, example_inputs)`` must run before a
-    torch model is exported (its layers learn their width from a first call); None for NNX models."""
-    if isinstance(model, nnx.Module):
-        return (*_apply_nnx(model, total_iters, p, sigma, tau, inplace), None)
-    foreign = adapters.surgery("GyroDropout", model)  # torch_bridge.methods.gyro_dropout
-    if foreign is not None:
-        return foreign(model, total_iters=total_iters, p=p, sigma=sigma, tau=tau)
-    raise TypeError(f"apply_gyro_dropout: expected a flax.nnx.Module or a torch.nn.Module, got "
-                    f"{type(model).__name__}.")
-
-
 def _validate(where: str, p: float, sigma: int, tau: int) -> None:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{where}: p must be in [0, 1) (kept features are scaled by 1 / (1 - p)), got {p}.")
@@ -185,7 +172,12 @@ def apply_gyro_dropout(model: Any, iters_per_epoch: int, max_epoch: int, p: floa
 
 
 def _apply_and_warn(model: Any, total_iters: float, p: float, sigma: int, tau: int, inplace: bool):
-    new, n, prepare = _apply(model, total_iters, float(p), int(sigma), int(tau), inplace)
+    """``(model or its clone, prepare)``: ``prepare(model, example_inputs)`` must run before a torch model is
+    exported (its layers learn their width from a first call); None for NNX models."""
+    p, sigma, tau = float(p), int(sigma), int(tau)
+    new, n, prepare = apply_surgery(
+        "GyroDropout", model, lambda m: (*_apply_nnx(m, total_iters, p, sigma, tau, inplace), None),
+        who="apply_gyro_dropout", total_iters=total_iters, p=p, sigma=sigma, tau=tau)
     if n == 0:
         warnings.warn(NoEffectWarning(f"GyroDropout: no dropout layers (nnx.Dropout / torch.nn.Dropout) were found "
                                       f"in {type(model).__name__}, so there were no modules to replace."),

@@ -57,8 +57,7 @@ from flax import nnx
 from flax.nnx.nn.normalization import _compute_stats, _normalize
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "apply_low_precision_layernorm", "LAST"]
@@ -150,14 +149,8 @@ def apply_low_precision_norm(model: Any, precision: Any, *, method: str, norm_na
         warnings.warn(NoEffectWarning(f"Low Precision {norm_name} only applies to AMP_FP16 and AMP_BF16 precisions "
                                       f"(got precision={precision!r})."), stacklevel=stacklevel)
         return model
-    if isinstance(model, nnx.Module):
-        new, n = replace_norms(model, *nnx_types, convert, inplace)
-    else:
-        foreign = adapters.surgery(method, model)  # torch_bridge.methods.<this module>
-        if foreign is None:
-            raise TypeError(f"apply_low_precision_{norm_name.lower()}: expected a flax.nnx.Module or a "
-                            f"torch.nn.Module, got {type(model).__name__}.")
-        new, n = foreign(model)
+    new, n = apply_surgery(method, model, lambda m: replace_norms(m, *nnx_types, convert, inplace),
+                           who=f"apply_low_precision_{norm_name.lower()}")
     if n == 0:
         warnings.warn(NoEffectWarning(f"No instances of {norm_name} (nnx.{norm_name} / torch.nn.{norm_name}) found "
                                       f"in {type(model).__name__}."), stacklevel=stacklevel)

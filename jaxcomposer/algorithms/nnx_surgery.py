@@ -1,11 +1,33 @@
 """Module surgery on Flax NNX graphs, shared by the methods that rewrite a model (BlurPool, SqueezeExcite,
-Factorize, GhostBatchNorm, GyroDropout, StochasticDepth, the low-precision norms, WeightStandardization). Not a
-method: it has no ``ENTRY``."""
+Factorize, GhostBatchNorm, GyroDropout, StochasticDepth, the low-precision norms, WeightStandardization), and
+:func:`apply_surgery`, which sends a model to the native surgery or to its framework's. Not a method: it has no
+``ENTRY``."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from flax import nnx
+
+from jaxcomposer.algorithms.functional_io import optimizers_follow
+from jaxcomposer.core import adapters
+
+
+def apply_surgery(method: str, model: Any, native_fn: Callable[[nnx.Module], Any], *, who: str,
+                  optimizers: Any = None, **torch_kwargs: Any) -> Any:
+    """``native_fn(model)`` for a Flax NNX module; for another framework's module, the surgery its adapter registers
+    under the method's name ``method`` (``torch_bridge.methods``), called as ``surgery(model, **torch_kwargs)``
+    with a torch optimizer given as ``optimizers`` following the new layers (:func:`optimizers_follow`). Both
+    return the method's own result, which is returned.
+
+    Raises TypeError, naming ``who`` (the public function), when ``model`` is neither.
+    """
+    if isinstance(model, nnx.Module):
+        return native_fn(model)
+    surgery = adapters.surgery(method, model)
+    if surgery is None:
+        raise TypeError(f"{who}: expected a flax.nnx.Module or a torch.nn.Module, got {type(model).__name__}.")
+    with optimizers_follow(model, optimizers, who):
+        return surgery(model, **torch_kwargs)
 
 
 def set_child(parent: Any, key: Any, value: Any) -> None:

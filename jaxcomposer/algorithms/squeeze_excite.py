@@ -50,8 +50,7 @@ from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.algorithms.nnx_surgery import replace_modules
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv", "apply_squeeze_excite", "latent_width"]
@@ -103,12 +102,15 @@ def _is_eligible_conv(m: Any, min_channels: int) -> bool:
             and min(m.in_features, m.out_features) >= min_channels)
 
 
-def _apply_nnx(model: nnx.Module, latent_channels: float, min_channels: int, inplace: bool) -> nnx.Module:
-    new = model if inplace else nnx.clone(model)
-    # a shared conv gets one SE block everywhere; no second SE on a wrapped conv
-    replace_modules(new, lambda m: _is_eligible_conv(m, min_channels),
-                    lambda conv, i: SqueezeExciteConv(conv, latent_channels, rngs=nnx.Rngs(i)), skip=(SqueezeExciteConv,))
-    return new
+def _apply_nnx(model: nnx.Module, latent_channels: float, min_channels: int, optimizers: Any,
+               inplace: bool) -> tuple[nnx.Module, int]:
+    with optimizers_follow(model, optimizers, "apply_squeeze_excite"):  # (refuses an optimizer here)
+        new = model if inplace else nnx.clone(model)
+        # a shared conv gets one SE block everywhere; no second SE on a wrapped conv
+        replace_modules(new, lambda m: _is_eligible_conv(m, min_channels),
+                        lambda conv, i: SqueezeExciteConv(conv, latent_channels, rngs=nnx.Rngs(i)),
+                        skip=(SqueezeExciteConv,))
+    return new, sum(isinstance(m, SqueezeExciteConv) for _, m in nnx.iter_graph(new))
 
 
 def apply_squeeze_excite(model: Any, latent_channels: float = 64, min_channels: int = 128, optimizers: Any = None,
@@ -119,17 +121,10 @@ def apply_squeeze_excite(model: Any, latent_channels: float = 64, min_channels: 
     A torch module is edited in place and returned, as Composer does. A Flax NNX module is cloned and the new
     model returned unless ``inplace=True``. Warns with :class:`NoEffectWarning` when the result has no SE block.
     """
-    if isinstance(model, nnx.Module):
-        with optimizers_follow(model, optimizers, "apply_squeeze_excite"):  # (refuses an optimizer here)
-            new = _apply_nnx(model, latent_channels, int(min_channels), bool(inplace))
-        count = sum(isinstance(m, SqueezeExciteConv) for _, m in nnx.iter_graph(new))
-    else:
-        foreign = adapters.surgery("SqueezeExcite", model)  # torch_bridge.methods.squeeze_excite
-        if foreign is None:
-            raise TypeError(f"apply_squeeze_excite: expected a flax.nnx.Module or a torch.nn.Module, "
-                            f"got {type(model).__name__}.")
-        with optimizers_follow(model, optimizers, "apply_squeeze_excite"):
-            new, count = foreign(model, latent_channels=latent_channels, min_channels=int(min_channels))
+    new, count = apply_surgery(
+        "SqueezeExcite", model, lambda m: _apply_nnx(m, latent_channels, int(min_channels), optimizers, bool(inplace)),
+        who="apply_squeeze_excite", optimizers=optimizers, latent_channels=latent_channels,
+        min_channels=int(min_channels))
     if count == 0:
         warnings.warn(NoEffectWarning(
             f"SqueezeExcite did not change any layers of {type(model).__name__}: no 2-D convolution with "

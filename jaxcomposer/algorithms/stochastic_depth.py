@@ -70,8 +70,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.nnx_surgery import find_modules, replace_found
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, find_modules, replace_found
 from jaxcomposer.core.method import Method, MethodEntry
 from jaxcomposer.core.model import param_path
 from jaxcomposer.core.state import tree_select
@@ -185,15 +184,12 @@ def _validate(target_layer_name, stochastic_method, drop_rate, drop_distribution
 
 
 def _apply(model, target_layer_name, stochastic_method, drop_rate, drop_distribution, warmup, nnx_inplace):
-    if isinstance(model, nnx.Module):
-        return _apply_nnx(model, target_layer_name, stochastic_method, float(drop_rate), drop_distribution,
-                          warmup, nnx_inplace)
-    foreign = adapters.surgery("StochasticDepth", model)  # torch_bridge.methods.stochastic_depth
-    if foreign is None:
-        raise TypeError(f"apply_stochastic_depth: expected a flax.nnx.Module or a torch.nn.Module, "
-                        f"got {type(model).__name__}.")
-    return foreign(model, target_layer_name=target_layer_name, stochastic_method=stochastic_method,
-                   drop_rate=float(drop_rate), drop_distribution=drop_distribution, warmup=warmup)
+    return apply_surgery(
+        "StochasticDepth", model,
+        lambda m: _apply_nnx(m, target_layer_name, stochastic_method, float(drop_rate), drop_distribution, warmup,
+                             nnx_inplace),
+        who="apply_stochastic_depth", target_layer_name=target_layer_name, stochastic_method=stochastic_method,
+        drop_rate=float(drop_rate), drop_distribution=drop_distribution, warmup=warmup)
 
 
 def _warn_if_none(count: int, model: Any, target_layer_name: str) -> None:

@@ -51,8 +51,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
-from jaxcomposer.algorithms.nnx_surgery import set_child as _set_child
-from jaxcomposer.core import adapters
+from jaxcomposer.algorithms.nnx_surgery import apply_surgery, set_child as _set_child
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["WeightStandardization", "StandardizedConv", "apply_weight_standardization", "standardize_weights"]
@@ -132,17 +131,11 @@ def _check_n(n_last_layers_ignore: Any, where: str) -> int:
     return int(n_last_layers_ignore)
 
 
-def _apply(module: Any, n_last_layers_ignore: int, inplace: bool):
-    if isinstance(module, nnx.Module):
-        if inplace:
-            return module, _standardize_nnx(module, n_last_layers_ignore)
-        new = nnx.clone(module)  # the order is read off the original: a clone's attributes are sorted by name
-        return new, _standardize_nnx_like(module, new, n_last_layers_ignore)
-    foreign = adapters.surgery("WeightStandardization", module)
-    if foreign is not None:
-        return module, foreign(module, n_last_layers_ignore=n_last_layers_ignore)
-    raise TypeError(f"apply_weight_standardization: expected a flax.nnx.Module or a torch.nn.Module, "
-                    f"got {type(module).__name__}.")
+def _apply_nnx(module: nnx.Module, n_last_layers_ignore: int, inplace: bool) -> tuple[nnx.Module, int]:
+    if inplace:
+        return module, _standardize_nnx(module, n_last_layers_ignore)
+    new = nnx.clone(module)  # the order is read off the original: a clone's attributes are sorted by name
+    return new, _standardize_nnx_like(module, new, n_last_layers_ignore)
 
 
 def _standardize_nnx_like(original: nnx.Module, new: nnx.Module, n_last_layers_ignore: int) -> int:
@@ -169,7 +162,8 @@ def apply_weight_standardization(module: Any, n_last_layers_ignore: int = 0, *, 
     count returned. Warns with :class:`NoEffectWarning` when no convolution was standardized.
     """
     n = _check_n(n_last_layers_ignore, "apply_weight_standardization")
-    new, count = _apply(module, n, inplace=bool(inplace))
+    new, count = apply_surgery("WeightStandardization", module, lambda m: _apply_nnx(m, n, bool(inplace)),
+                               who="apply_weight_standardization", n_last_layers_ignore=n)
     if count == 0:
         warnings.warn(NoEffectWarning(
             f"WeightStandardization did not change any layers of {type(module).__name__}: no convolution to "

@@ -55,9 +55,9 @@ def apply_weight_standardization_torch(module: nn.Module, n_last_layers_ignore: 
     return done
 
 
-def _surgery(module: nn.Module, *, n_last_layers_ignore: int) -> int:
-    """The ``"WeightStandardization"`` surgery: the number of convs standardized."""
-    return apply_weight_standardization_torch(module, n_last_layers_ignore)
+def _surgery(module: nn.Module, *, n_last_layers_ignore: int) -> tuple[nn.Module, int]:
+    """The ``"WeightStandardization"`` surgery: ``(module, the number of convs standardized)``."""
+    return module, apply_weight_standardization_torch(module, n_last_layers_ignore)
 
 
 SURGERY = {"WeightStandardization": _surgery}
