@@ -11,6 +11,9 @@ Two parts, each section's Trainer side built exactly as ``gpu_suite.py`` builds 
 - ``--variants``: each entry of :data:`VARIANTS` in its own child process (XLA reads ``XLA_FLAGS`` once, at
   start): the same side timed the same way, so each variant's rate compares with its section's ``base``.
 
+The JSON goes to ``--out-dir`` as ``gpu_profile_xla_flag_variants.json`` when ``--variants`` ran, else
+``gpu_profile.json``.
+
 On the lent GPU machine, with ``.whl`` carried (see ``gpu_device_run.sh``)::
 
     python3 benchmarks/gpu_profile.py --profile --variants --out-dir $OUT
@@ -253,7 +256,9 @@ def main(argv=None) -> int:
         ap.error("say --profile, --variants or both")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ("gpu_profile.smoke.json" if args.cpu_smoke else "gpu_profile.json")
+    # named for what it measures: the flag variants' timings, or the profile alone
+    name = "gpu_profile_xla_flag_variants" if args.variants else "gpu_profile"
+    path = out_dir / f"{name}{'.smoke' if args.cpu_smoke else ''}.json"
     out: dict = {"benchmark": "gpu_profile", "smoke": args.cpu_smoke, "steps": args.steps, "rounds": args.rounds,
                  "profiles": {}, "variants": {}}
     if args.profile:

@@ -72,7 +72,7 @@ def test_gpu_profile_cpu_smoke_traces_and_times_a_variant(tmp_path, monkeypatch)
     assert profile.main(["--profile", "--variants", "--cpu-smoke", "--sections", "gpt2", "--only", "gpt2/base",
                          "--steps", "1", "--rounds", "1", "--warmup", "1", "--trace-steps", "2",
                          "--out-dir", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "gpu_profile.smoke.json").read_text())
+    result = json.loads((tmp_path / "gpu_profile_xla_flag_variants.smoke.json").read_text())
     prof = result["profiles"]["gpt2"]
     assert prof["timing"]["median_items_per_s"] > 0 and "error" not in prof["trace"]
     lines = prof["trace"]["lines"]
