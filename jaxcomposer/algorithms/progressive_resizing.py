@@ -65,7 +65,7 @@ import numpy as np
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import model_layout, spatial_axes
-from jaxcomposer.core.method import Method, MethodEntry, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx, require_stage
 
 __all__ = ["resize_batch", "ProgressiveResizing"]
 
@@ -262,11 +262,10 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
         return min(pinned / width, 1.0)
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
-        if ctx.stage is None:
-            raise ValueError("ProgressiveResizing: ctx.stage is None, but the batch slot needs the static scale "
-                             "factor that its stage slot computes on the host. The Trainer passes it; in your own "
-                             "loop pass method.stage(batch_shapes, ctx) as the step's static stage, or "
-                             "call resize_batch directly.")
+        scale = require_stage(ctx, "ProgressiveResizing", "the batch slot needs the static scale factor that its stage "
+                              "slot computes on the host. The Trainer passes it; in your own loop pass "
+                              "method.stage(batch_shapes, ctx) as the step's static stage, or call resize_batch "
+                              "directly.")
         x, layout = batch[input_key], model_layout(data_format, ctx)
         if x.ndim != 4:
             raise ValueError(f"ProgressiveResizing: batch[{input_key!r}] has shape {x.shape}; expected a 4-D image "
@@ -274,7 +273,7 @@ def ProgressiveResizing(mode: str = "resize", initial_scale: float = 0.5, finetu
         if resize_targets and target_key not in batch:
             raise KeyError(f"ProgressiveResizing: resize_targets=True but the batch has no {target_key!r} entry.")
         target = batch.get(target_key)
-        new_x, new_target = resize_batch(x, target, ctx.stage, mode=mode, resize_targets=resize_targets,
+        new_x, new_target = resize_batch(x, target, scale, mode=mode, resize_targets=resize_targets,
                                          key=ctx.key, data_format=layout, interpolation=interpolation)
         out = {**batch, input_key: new_x}
         if resize_targets:

@@ -84,7 +84,7 @@ import numpy as np
 
 from jaxcomposer.algorithms.functional_io import functional_form, require_key
 from jaxcomposer.algorithms.image_layout import model_layout
-from jaxcomposer.core.method import Method, MethodEntry, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx, require_stage
 
 __all__ = ["should_selective_backprop", "select_using_loss", "SelectiveBackprop"]
 
@@ -252,11 +252,10 @@ def SelectiveBackprop(start: float = 0.5, end: float = 0.9, keep: float = 0.5, s
                                                       interrupt)
 
     def wrap(grad_fn: Callable, ctx: StepCtx) -> Callable:
-        if ctx.stage is None:
-            raise ValueError("SelectiveBackprop: ctx.stage is None, but this method's stage slot decides "
-                             "(statically) whether a step selects; pass composed.stage(batch_shapes, ctx) to "
-                             "the step, as the Trainer does.")
-        if not ctx.stage:
+        selects = require_stage(ctx, "SelectiveBackprop", "this method's stage slot decides (statically) whether "
+                                "a step selects; pass composed.stage(batch_shapes, ctx) to the step, as the Trainer "
+                                "does.")
+        if not selects:
             return grad_fn
         per_example_loss = ctx.model.per_example_loss
         if per_example_loss is None:

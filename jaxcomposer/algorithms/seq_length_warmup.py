@@ -51,7 +51,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxcomposer.core.method import Method, MethodEntry, StepCtx
+from jaxcomposer.core.method import Method, MethodEntry, StepCtx, require_stage
 
 __all__ = ["set_batch_sequence_length", "SeqLengthWarmup", "DEFAULT_SEQUENCE_KEYS"]
 
@@ -190,12 +190,11 @@ def SeqLengthWarmup(duration: float = 0.3, min_seq_length: int = 8, max_seq_leng
         return length
 
     def batch_fn(batch: dict, ctx: StepCtx) -> dict:
-        if ctx.stage is None:
-            raise ValueError("SeqLengthWarmup: ctx.stage is None, but the batch slot needs the static sequence length "
-                             "that its stage slot computes on the host. The Trainer passes it; in your own loop pass "
-                             "method.stage(batch_shapes, ctx) as the step's static stage, or call "
-                             "set_batch_sequence_length directly.")
-        return set_batch_sequence_length(batch, ctx.stage, truncate, preserve_end_of_sequence,
+        length = require_stage(ctx, "SeqLengthWarmup", "the batch slot needs the static sequence length that its stage "
+                               "slot computes on the host. The Trainer passes it; in your own loop pass "
+                               "method.stage(batch_shapes, ctx) as the step's static stage, or call "
+                               "set_batch_sequence_length directly.")
+        return set_batch_sequence_length(batch, length, truncate, preserve_end_of_sequence,
                                          sequence_keys=sequence_keys, attention_mask_key=attention_mask_key)
 
     return Method(name="SeqLengthWarmup", batch=batch_fn, stage=stage,

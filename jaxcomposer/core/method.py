@@ -106,6 +106,14 @@ class StepCtx(NamedTuple):
         return self.step / max(self.run.total_steps, 1)
 
 
+def require_stage(ctx: StepCtx, who: str, why: str) -> Hashable:
+    """``ctx.stage``, which an in-step slot of the method ``who`` cannot do without: a ValueError saying ``why``
+    when the step was given none (a loop of the user's own that did not pass the method's stage)."""
+    if ctx.stage is None:
+        raise ValueError(f"{who}: ctx.stage is None, but {why}")
+    return ctx.stage
+
+
 class PostStep(NamedTuple):
     """A method's own state kept beside the params (EMA weights, ...): ``init(params, model_state, ctx) -> extra``
     on the host; ``update(extra, params, model_state, ctx) -> extra`` in jit after the optimizer update."""
