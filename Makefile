@@ -6,19 +6,18 @@ FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
 .PHONY: demo test test-fast data malloc install clean gpu-wheels
 
-# Where this machine keeps its wheels (pip's find-links): the CPU build of torch lies there.
+# Where the local wheels lie (pip's find-links): the CPU build of torch is taken from there.
 WHEELS := $(or $(PIP_FIND_LINKS),/opt/wheels)
-# This machine sets PYTHONDONTWRITEBYTECODE=1 and uv does not byte-compile at install, so every process would parse
-# torch, jax and transformers from source again (imports ~3x slower: 25 s in place of 8 s). Runs of our own venv may
-# keep bytecode.
+# An environment with PYTHONDONTWRITEBYTECODE=1 (and uv, which does not byte-compile at install) would make every
+# process parse torch, jax and transformers from source again, which slows imports severalfold (benchmarks/README.md,
+# "Setup and suite"). Runs of our own venv may keep bytecode.
 WITH_PYC := env -u PYTHONDONTWRITEBYTECODE
 # jemalloc in place of glibc's malloc for the runs and the tests (their subprocesses inherit it): XLA's compiler and
-# JAX's tracing allocate and free millions of small objects, and glibc's malloc/free took ~14% of a train step's
-# compile in a profile. Measured on 2 cores, the same three test files alternately: 63.0-65.8 s with jemalloc,
-# 69.4-72.3 s without (-8%). Debian's libjemalloc2 (installed by `make malloc`); found at run time, so a machine
-# without it runs as before. oversize_threshold:0 keeps large blocks in the ordinary arenas: by default jemalloc
-# gives every block over 8 MiB (XLA's per-step buffers) back to the system at once, so each step faulted its memory
-# in anew; the ResNet-8 step took 49 ms against 28.5 ms with glibc and 29 ms with this setting (step_profile.py).
+# JAX's tracing allocate and free millions of small objects, which glibc's malloc serves more slowly (benchmarks/
+# README.md, "Setup and suite"). Debian's libjemalloc2 (installed by `make malloc`); found at run time, so a machine
+# without it runs on glibc's malloc. oversize_threshold:0 keeps large blocks in the ordinary arenas: by default
+# jemalloc gives every block over 8 MiB (XLA's per-step buffers) back to the system at once, so each step would
+# fault its memory in anew (benchmarks/step_profile.py).
 JEMALLOC = $(shell ldconfig -p 2>/dev/null | awk '/libjemalloc\.so\.2 /{print $$NF; exit}')
 RUN = $(WITH_PYC) $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$(if $(LD_PRELOAD),:$(LD_PRELOAD)) \
   MALLOC_CONF=$(or $(MALLOC_CONF),oversize_threshold:0))
@@ -26,13 +25,13 @@ RUN = $(WITH_PYC) $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)$(if $(LD_PRELOAD),:$(L
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==0.13.9
-	# torch exact, from this machine's wheels: the CPU build; a looser spec would pull a multi-GB CUDA build.
-	# uv resolves and unpacks in parallel: ~20 s where pip takes ~3 min on 2 cores.
+	# torch exact, from the local wheels: the CPU build; a looser spec would pull a multi-GB CUDA build.
+	# uv resolves and unpacks in parallel, far faster than pip (benchmarks/README.md, "Setup and suite").
 	$(VENV)/bin/uv pip install --python $(PY) --quiet $(if $(wildcard $(WHEELS)),--find-links $(WHEELS)) \
 	  torch==2.13.0 -e '.[test]'
-	# Two single-threaded jobs side by side, one per core: byte-compile what every run and test process imports
-	# (--compile-bytecode would compile all: +75 s), and build the oneDNN convolutions for XLA:CPU (conv_impl:
-	# onednn) against torch's and jaxlib's headers (~15 s; a failed build only makes conv_impl=onednn unavailable)
+	# Two single-threaded jobs side by side: byte-compile only what every run and test process imports
+	# (--compile-bytecode would compile every installed file), and build the oneDNN convolutions for XLA:CPU
+	# (conv_impl: onednn) against torch's and jaxlib's headers (a failed build only makes conv_impl=onednn unavailable)
 	$(WITH_PYC) $(PY) -c "import jaxcomposer.cli, torch_bridge, torch.export, torchmetrics, matplotlib.pyplot, \
 	  tensorboardX, pytest, xdist, ipykernel.kernelapp, nbclient, jupytext, mlflow.tracking, wandb, \
 	  transformers.models.gpt2.modeling_gpt2, transformers.models.bert.modeling_bert" & pyc=$$!; \
@@ -65,9 +64,9 @@ malloc:
 demo: $(STAMP) data malloc
 	$(RUN) $(VENV)/bin/jaxcomposer fit configs/quickstart.yaml
 
-# One worker per core (WORKERS=3 on 2 cores measured 8% slower on CPU-bound files: the subprocess tests keep the
-# cores busy themselves); slow tests run first (tests/conftest.py); --dist loadgroup keeps files with module-level
-# caches on one worker.
+# One worker per core: more workers than cores are slower on CPU-bound files, as the subprocess tests keep the cores
+# busy themselves (benchmarks/README.md, "Setup and suite"); slow tests run first (tests/conftest.py); --dist
+# loadgroup keeps files with module-level caches on one worker.
 WORKERS ?= 2
 test: $(STAMP) data malloc
 	$(RUN) $(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q --durations=40
