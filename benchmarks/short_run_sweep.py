@@ -94,7 +94,7 @@ def run_one(duration: str, seed: int, algorithms: dict, overrides: list[str], fl
     trainer.fit()
     fit_s = time.perf_counter() - start
 
-    normalize = data_spec.whole_batch_transform(trainer._eval_spec)  # fit's loaders yield uint8 images
+    normalize = data_spec.whole_batch_transform(trainer.eval_data_spec)  # fit's loaders yield uint8 images
 
     @jax.jit
     def both_logits(state, x):

@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxcomposer import parallel
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
-from jaxcomposer.errors import CheckpointError, CorruptCheckpointError
+from jaxcomposer.errors import CheckpointError, ConfigurationError, CorruptCheckpointError
 from jaxcomposer.trainer import flat_arrays
 
 WEIGHTS, TRAIN, META = "weights", "train", "meta"
@@ -181,7 +181,8 @@ def merge_into(target: TrainState, saved: dict[str, Any], *, fields: Sequence[st
         if got is None:
             problems.append(f"{name}: in the model/recipe but not in the checkpoint")
         elif got.shape != leaf.shape or got.dtype != leaf.dtype:
-            problems.append(f"{name}: checkpoint has {_describe_leaf(got)}, the model/recipe has {_describe_leaf(leaf)}")
+            problems.append(f"{name}: checkpoint has {_describe_leaf(got)}, "
+                            f"the model/recipe has {_describe_leaf(leaf)}")
         used.add(name)
         new_leaves.append(got if got is not None else leaf)
     problems += [f"{name}: in the checkpoint but not in the model/recipe" for name in sorted(saved)
@@ -464,3 +465,37 @@ class CheckpointStore:
             self.wait()
             self._manager.close()
             self._manager = None
+
+
+def store_for_run(a: Any, run_name: str) -> tuple[CheckpointStore | None, int | None]:
+    """The run's CheckpointStore (or None) and the step autoresume continues from (or None), from the Trainer's
+    validated arguments ``a``; ``run_name`` is the run's name, given (``a.run_name``) or made."""
+    if a.autoresume:
+        needs = [(a.save_folder is None, "save_folder (where to look for the latest checkpoint)"),
+                 (a.run_name is None, "run_name (so a relaunch is recognised as the same run)")]
+        missing = [what for absent, what in needs if absent]
+        if missing:
+            raise ConfigurationError(f"autoresume: needs {' and '.join(missing)}, as in Composer")
+        if a.save_overwrite:
+            raise ConfigurationError("save_overwrite: cannot be True with autoresume=True (one continues the "
+                                     "saved run, the other replaces it); choose one")
+        if a.save_weights_only:
+            raise ConfigurationError("save_weights_only: autoresume needs full checkpoints (optimizer state, "
+                                     "RNG, position) to continue; drop one of the two")
+    if a.save_folder is None:
+        return None, None
+    try:
+        # Composer's save_folder may name the run: '{run_name}/checkpoints'
+        folder = str(a.save_folder).replace("{run_name}", run_name)
+        store = CheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
+                                weights_only=a.save_weights_only, filename=a.save_filename,
+                                latest_filename=a.save_latest_filename, run_name=run_name)
+    except CheckpointError as e:
+        raise ConfigurationError(str(e)) from e
+    latest = store.latest_step()
+    if latest is not None and not (a.autoresume or a.save_overwrite):
+        raise ConfigurationError(f"save_folder: {store.folder} already holds checkpoints (latest batch "
+                                 f"{latest}); pass autoresume=True to continue that run, save_overwrite=True to "
+                                 "replace it, or choose a new folder")
+    # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
+    return store, (store.newest_good_step() if a.autoresume and latest is not None else None)

@@ -1,8 +1,8 @@
 """Small train states as one ``.npz`` per checkpoint item, written inside orbax's ``CheckpointManager``.
 
-orbax writes every leaf through tensorstore, which costs ~4 ms of CPU per leaf whatever its size: a 371 KB
-ResNet state of 79 leaves takes ~350 ms per save, and saving every 20 batches slowed the quickstart step by ~14%
-(``benchmarks/checkpoint_timing.py``). The same state written as one uncompressed ``.npz`` takes a few ms. Only
+orbax writes every leaf through tensorstore, a fixed CPU cost per leaf whatever its size, which dominates saving a
+small state of many leaves and slowed frequent saves of the quickstart; one uncompressed ``.npz`` is far cheaper
+(``benchmarks/checkpoint_timing.py``). Only
 the item's file format changes: the manager still gives the temporary directory and atomic rename, the async
 commit, pruning, and the checksums written before the rename.
 

@@ -4,77 +4,54 @@
 """
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
 import datetime
 import functools
 import inspect
 import random
-import signal
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxcomposer.callbacks.monitors import NonFiniteLossError
-from jaxcomposer.core.evaluator import EvalSet, Evaluator, as_evaluators, check_metric_names, resolve_evaluator
+from jaxcomposer.core.evaluator import as_evaluators, check_metric_names
 from jaxcomposer.core.events import IN_STEP_EVENTS, Callback, Event
-from jaxcomposer.core.run_state import MetricValue, ReadsPlan, RunPlan, RunState
+from jaxcomposer.core.run_state import ReadsPlan, RunPlan, RunState
 from jaxcomposer.core import adapters, allocator
 from jaxcomposer.core.collector import collector_paused
 from jaxcomposer.core.algorithm import is_algorithm
 from jaxcomposer.core.algorithm_engine import NAME as ENGINE_NAME, AlgorithmEngine
 from jaxcomposer.core.method import Method, ModelView, RunInfo, StepCtx, compose
 from jaxcomposer.core.model import Task, param_use_order
-from jaxcomposer.core.time import Time, TimeUnit, Timestamp, to_batches
+from jaxcomposer.core.time import Time, TimeUnit, Timestamp
 from jaxcomposer.data import data_spec
 from jaxcomposer.data.prefetch import prefetch_to_device
 from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
-from jaxcomposer.metrics.base import check_metrics, compute_all, merge, sum_states
-from jaxcomposer.loggers.logger import is_ready
+from jaxcomposer.metrics.base import check_metrics, merge
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
                                  ProgressBarLogger, TensorboardLogger)
 from jaxcomposer.optim import DecoupledSGDW, call_function_scheduler, compose_schedules
 from jaxcomposer.profiler import Profiler
-from jaxcomposer.trainer import checkpoint
+from jaxcomposer.trainer import checkpoint, microbatching, multi_step, plan
 from jaxcomposer.trainer import step as steps
+from jaxcomposer.trainer.batches import as_batch, as_loader, rows_in
+from jaxcomposer.trainer.evaluation import EvaluationAndPrediction
+from jaxcomposer.trainer.lr_table import HostLRTable
+from jaxcomposer.trainer.nonfinite import NonFiniteChecks
+from jaxcomposer.trainer.preemption import PreemptionGuard
 from jaxcomposer.utils import reproducibility
 
-_LR_TABLE_STEPS = 4096  # steps per host-side table of the LR multiplier (Trainer._lr_multiplier_on_host)
-# Steps the host may queue past its oldest unread non-finite flag. Reading each step's flag one step late woke the
-# host on every step: the quickstart's Trainer ran ~2% faster without that (2 CPU cores, interleaved A/B, 14 rounds).
-_MAX_UNCHECKED_STEPS = 8
 _MICROBATCH_EVENTS = (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
                       Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD)
 
 
-def as_batch(batch: Any) -> dict:
-    """Normalize a loader's batch: dicts pass through, ``(input, target)`` pairs get Composer's default keys;
-    torch tensors and other array-likes become numpy (torch tensors never reach jit)."""
-    if isinstance(batch, (tuple, list)):
-        if len(batch) != 2:
-            raise ConfigurationError(f"train/eval batch: a tuple batch must be (input, target), got {len(batch)} items")
-        batch = {"input": batch[0], "target": batch[1]}
-    if not isinstance(batch, dict):
-        raise ConfigurationError(f"batch: expected a dict of arrays or an (input, target) pair, got {type(batch).__name__}")
-    return {k: v if isinstance(v, (np.ndarray, jax.Array)) else np.asarray(getattr(v, "numpy", lambda: v)())
-            for k, v in batch.items()}
-
-
-def _batch_size(batch: dict) -> int:
-    return int(jax.tree_util.tree_leaves(batch)[0].shape[0])
-
-
-class Trainer(ReadsPlan):
+class Trainer(EvaluationAndPrediction, ReadsPlan):
     """Composer's ``Trainer``: the same keyword names, around one jitted pure step (docs/design.md).
 
     Every argument is validated in ``__init__``, before anything is compiled or written; bad ones raise
@@ -120,14 +97,15 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(
                 f"model: expected a jaxcomposer task such as ComposerClassifier(module) or ComposerCausalLM(module), "
                 f"got {type(model).__name__}. Wrap your flax.nnx module: ComposerClassifier(module, num_classes=10).")
-        # a DataSpec (Composer's): its transforms run inside the compiled steps, its counters on the host
+        # a DataSpec (Composer's): its transforms run inside the compiled steps, its counters on the host;
+        # train_data_spec / eval_data_spec are the DataSpecs the loaders came in (None for a plain loader)
         user_train_dataloader = self._user_train_loader = train_dataloader
-        train_dataloader, self._train_spec = data_spec.unwrap(train_dataloader)
-        train_dataloader = _as_loader(train_dataloader, "train_dataloader")
+        train_dataloader, self.train_data_spec = data_spec.unwrap(train_dataloader)
+        train_dataloader = as_loader(train_dataloader, "train_dataloader")
         self.eval_interval = options.parse_interval(a.eval_interval, "eval_interval")
         self._eval_sets = [self._eval_set(ev) for ev in as_evaluators(eval_dataloader)]
-        eval_dataloader, self._eval_spec = (self._eval_sets[0].loader, self._eval_sets[0].spec) if self._eval_sets \
-            else (None, None)
+        eval_dataloader, self.eval_data_spec = \
+            (self._eval_sets[0].loader, self._eval_sets[0].spec) if self._eval_sets else (None, None)
         self.precision = a.precision or "fp32"
         user_schedulers = [] if schedulers is None else list(schedulers) \
             if isinstance(schedulers, (list, tuple)) else [schedulers]
@@ -136,7 +114,7 @@ class Trainer(ReadsPlan):
             raise ConfigurationError("scale_schedule_ratio: set without schedulers; it scales the LR schedule "
                                      "(as in Composer), so pass schedulers=... too.")
         max_duration = None if a.max_duration is None else \
-            _scale(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
+            plan.scale_duration(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
         # users' Composer Algorithms (match/apply) run through one engine, a Method among the built-in ones
         user_algorithms = list(algorithms) if isinstance(algorithms, (list, tuple)) else \
             [] if algorithms is None else [algorithms]
@@ -170,12 +148,9 @@ class Trainer(ReadsPlan):
         if devices[0].platform == "cpu" and (why := allocator.slow_allocator_warning()):
             warnings.warn(why, RuntimeWarning, stacklevel=2)
 
-        self.nonfinite, self.nonfinite_max_skips = a.nonfinite, a.nonfinite_max_skips
-        self._pending_checks: collections.deque = collections.deque()  # (batch, metrics) not yet checked
-        self._skips_in_a_row = 0
         self.save_interval = a.save_interval if callable(a.save_interval) else \
             options.parse_interval(a.save_interval, "save_interval")
-        self.store, resume_step = self._checkpoint_store(a)
+        self.store, resume_step = checkpoint.store_for_run(a, self.run_name)
         if a.load_ignore_keys and a.load_path is None:
             raise ConfigurationError(f"load_ignore_keys: {a.load_ignore_keys} given without load_path")
         load_dir = None if a.load_path is None or resume_step is not None else \
@@ -270,7 +245,8 @@ class Trainer(ReadsPlan):
         self.model_view = ModelView(param_order=self.param_order,
                                     param_layout="torch" if self.task.pure.bridged is not None else "flax")
 
-        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        callbacks = [] if callbacks is None else \
+            list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
         if a.progress_bar:
             loggers.append(ProgressBarLogger())
@@ -280,6 +256,7 @@ class Trainer(ReadsPlan):
             loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
                         PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
         self.logger = Logger(loggers)
+        self.nonfinite_checks = NonFiniteChecks(a.nonfinite, a.nonfinite_max_skips, self.logger)
         self.callbacks: list = callbacks + loggers
         self._listeners: dict = {}  # event -> the callbacks that handle it (Trainer._fire)
         if profiler is not None:  # first: at BATCH_START it decides whether the batch is traced
@@ -346,19 +323,20 @@ class Trainer(ReadsPlan):
         """Build the plan (durations, total steps, the LR schedule) for ``max_duration`` and the current train
         loader. The schedule and the methods' static facts are baked into the compiled step, so a new plan drops
         the compiled steps."""
-        steps_per_epoch = _len_or_none(self.train_dataloader, self.train_subset_num_batches)
-        batch_size, tokens_per_batch = self._batch_facts(max_duration)
-        self.plan = RunPlan(max_duration, self._total_steps(max_duration, steps_per_epoch, batch_size,
-                                                            tokens_per_batch), steps_per_epoch)
+        steps_per_epoch = plan.steps_per_epoch(self.train_dataloader, self.train_subset_num_batches)
+        batch_size, tokens_per_batch = plan.batch_facts(self.train_dataloader, max_duration, self.schedulers,
+                                                        lambda: self._count_tokens(self._example_batch()))
+        self.plan = RunPlan(max_duration, plan.total_steps(max_duration, steps_per_epoch, batch_size,
+                                                           tokens_per_batch), steps_per_epoch)
         alpha = compose_schedules(self.schedulers, max_batches=self.plan.total_steps,
                                   max_duration=self.plan.max_duration, steps_per_epoch=steps_per_epoch,
                                   ssr=self.scale_schedule_ratio, batch_size=batch_size,
                                   tokens_per_batch=tokens_per_batch)
         self._alpha = alpha
         self.build_tx = steps.make_base_tx(self.optimizer, alpha, self.composed)
-        # the schedule the step compiles in, callable on the host (LR reads go through _lr_multiplier_on_host)
+        # the schedule the step compiles in, callable on the host (LR reads go through the table)
         self.lr_multiplier = jax.jit(lambda step: self.composed.wrap_schedule(alpha, self._host_ctx(step))(step))
-        self._lr_tables: dict[int, np.ndarray] = {}
+        self.lr_table = HostLRTable(self.lr_multiplier)
         self._train_steps: dict = {}
         self._eval_steps: dict = {}  # by the DataSpec transforms they run (data_spec.transform_key)
         self._predict_steps: dict = {}
@@ -375,8 +353,8 @@ class Trainer(ReadsPlan):
         compiled again). Either argument makes a new plan; a call without them continues the current one."""
         if train_dataloader is not None:
             self._user_train_loader = train_dataloader
-            train_dataloader, self._train_spec = self._unwrap(train_dataloader)
-            self.train_dataloader = _as_loader(train_dataloader, "train_dataloader")
+            train_dataloader, self.train_data_spec = self._unwrap(train_dataloader)
+            self.train_dataloader = as_loader(train_dataloader, "train_dataloader")
         if duration is not None:
             d = options.parse_duration(duration, "duration")
             self._replan(Time(self.state.timestamp.get(d.unit).value + d.value, d.unit))
@@ -389,7 +367,7 @@ class Trainer(ReadsPlan):
         st = self.state
         st.stop_requested = False
         try:
-            with _PreemptionGuard() as preemption:
+            with PreemptionGuard() as preemption:
                 self._fit_loop(preemption)
         finally:  # also on a preemption or an error: the module holds the last good weights
             self._sync_model()
@@ -397,7 +375,7 @@ class Trainer(ReadsPlan):
                 self.profiler.flush(st)
         return st
 
-    def _fit_loop(self, preemption: "_PreemptionGuard") -> None:
+    def _fit_loop(self, preemption: "PreemptionGuard") -> None:
         """FIT_START; epochs until the duration is reached or a stop is asked; the final evaluation, checkpoint
         and FIT_END."""
         st = self.state
@@ -410,7 +388,7 @@ class Trainer(ReadsPlan):
             self._train_epoch(preemption)
         self._finish_fit()
 
-    def _train_epoch(self, preemption: "_PreemptionGuard") -> None:
+    def _train_epoch(self, preemption: "PreemptionGuard") -> None:
         """The epoch from where the timestamp is: EPOCH_START, its batches in compiled calls, and the epoch's close
         (EPOCH_END, evaluation, checkpoint), unless training stops inside it: then a later ``fit`` goes on inside
         this epoch. A stop signal ends training after the call it arrived in (after the close on an epoch's last
@@ -435,7 +413,7 @@ class Trainer(ReadsPlan):
             raise ConfigurationError("train_dataloader: yielded no batches in an epoch (empty dataset?)")
         self._close_epoch(stop_signal)
 
-    def _train_call(self, chunk: list[dict], preemption: "_PreemptionGuard") -> int | None:
+    def _train_call(self, chunk: list[dict], preemption: "PreemptionGuard") -> int | None:
         """The batches of one compiled call (one batch, or up to ``steps_per_execution`` trained at once), each
         with its events; the stop signal that arrived meanwhile, or None."""
         chunk_metrics = self._train_chunk_in_one_call(chunk) if self.steps_per_execution > 1 \
@@ -456,7 +434,7 @@ class Trainer(ReadsPlan):
         self._fire(Event.AFTER_DATALOADER)
         self._fire(Event.BATCH_START)
         self._fire(Event.BEFORE_TRAIN_BATCH)
-        n = _batch_size(batch)
+        n = rows_in(batch)
         if metrics is None:
             stage = self.composed.stage({k: tuple(v.shape) for k, v in batch.items()},
                                         self._host_ctx(int(st.timestamp.batch)))
@@ -466,7 +444,7 @@ class Trainer(ReadsPlan):
             host = None
             if self.engine is not None:  # users' algorithms: match and replay, on the host
                 batch, stage, host = self._prepare_algorithms(batch, stage)
-                n = _batch_size(batch)
+                n = rows_in(batch)
             with self._marker("step", device_step=True):
                 st.train_state, metrics = self._step_for(n)(st.train_state, batch, stage, self._host_lr, host)
         st.batch_size, st.batch = n, batch
@@ -476,11 +454,10 @@ class Trainer(ReadsPlan):
         if self.step_schedulers_every_batch and self.torch_schedulers:  # after the step, as Composer
             self._step_torch_schedulers()
         if self._foreign_optimizer is not None:  # its groups' lr: the next step's, as a torch scheduler's
-            self._foreign_optimizer.set_lr(self._lr_multiplier_on_host(int(st.timestamp.batch)) * self._host_lr)
+            self._foreign_optimizer.set_lr(self.lr_table(int(st.timestamp.batch)) * self._host_lr)
         # checked without waiting on the device (the state is safe meanwhile: the step itself refuses non-finite
         # updates), so the host keeps steps queued instead of waking on every one
-        self._pending_checks.append((st.timestamp.batch, metrics))
-        self._check_finite(wait=False)
+        self.nonfinite_checks.add(st.timestamp.batch, metrics)
         self.logger.set_step(st.timestamp.batch)
         self.logger.log_metrics({"loss/train/total": metrics["loss"]})
         if "logs" in metrics:  # what in-step algorithms logged, with this batch's values
@@ -524,7 +501,7 @@ class Trainer(ReadsPlan):
         self._seek_train_data()
         if self._last_eval_batch != st.timestamp.batch:
             self._run_eval(None)  # the final weights always get evaluated (by every set with an interval)
-        self._check_finite()
+        self.nonfinite_checks.check()
         if self.store is not None:
             if self._last_saved != st.timestamp.batch:
                 self._save()  # the end of training is always saved
@@ -534,115 +511,12 @@ class Trainer(ReadsPlan):
 
     def _preempted(self, signum: int) -> None:
         """SIGTERM/SIGINT arrived: the current step is done; save it (when saving is configured) and stop."""
-        self._check_finite()
+        self.nonfinite_checks.check()
         if self.store is not None and self._last_saved != self.state.timestamp.batch:
             self._save()
         if self.store is not None:
             self.store.wait()
         raise Preempted(signum, self.state.timestamp.batch, self.store.folder if self.store else None)
-
-    def eval(self, eval_dataloader: Iterable | None = None, subset_num_batches: int = -1,
-             label: str = "eval") -> dict[str, float]:
-        """Evaluate now, as Composer's ``Trainer.eval``: ``eval_dataloader`` (a loader, a DataSpec, an Evaluator
-        or a list of them; default: the Trainer's evaluation sets) under ``label`` (an Evaluator's own label wins).
-        Returns the metrics of the last set evaluated; all of them are in ``state.eval_metrics[label]``."""
-        self._sync_model()  # asked by the user: their module holds the weights being evaluated
-        if eval_dataloader is None and self._eval_sets:
-            sets = self._eval_sets
-        elif isinstance(eval_dataloader, (Evaluator, list, tuple)):
-            sets = [self._eval_set(ev) for ev in as_evaluators(eval_dataloader)]
-        else:
-            sets = None
-        self._fire(Event.EVAL_STANDALONE_START)
-        self._fire(Event.EVAL_BEFORE_ALL)
-        if sets is None:
-            metrics = self._evaluate(eval_dataloader, subset_num_batches, label)
-        for ev in sets or ():
-            metrics = self._evaluate(ev.loader, subset_num_batches if subset_num_batches != -1 else ev.subset,
-                                     ev.label, spec=ev.spec, metric_names=ev.metric_names)
-        self._fire(Event.EVAL_AFTER_ALL)
-        self._fire(Event.EVAL_STANDALONE_END)
-        return metrics
-
-    def _eval_set(self, ev: Evaluator) -> EvalSet:
-        return resolve_evaluator(ev, self.eval_interval, _as_loader)
-
-    def _evaluate(self, eval_dataloader: Iterable | None, subset_num_batches: int, label: str, *,
-                  spec: Any = None, metric_names: tuple[str, ...] | None = None) -> dict[str, float]:
-        """Evaluation itself; the fit loop calls it directly (the module is written back at the end of fit)."""
-        loader, spec = self._unwrap(eval_dataloader) if spec is None and eval_dataloader is not None else \
-            (eval_dataloader, spec) if eval_dataloader is not None else (self.eval_dataloader, self._eval_spec)
-        if loader is None:
-            raise ConfigurationError("eval_dataloader: required to evaluate")
-        eval_metrics = self._eval_metrics if metric_names is None else \
-            {name: m for name, m in self._eval_metrics.items() if name in metric_names}
-        key = (data_spec.transform_key(spec), metric_names)
-        # a task whose metrics live on the host (a torch ComposerModel's torchmetrics) sees each batch's outputs
-        host = self.task.host_metrics() if hasattr(self.task, "host_metrics") else None
-        if host is not None and metric_names is not None:
-            host.metrics = {name: m for name, m in host.metrics.items() if name in metric_names}
-        if key not in self._eval_steps and host is None:
-            self._eval_steps[key] = collector_paused(steps.jit_eval_step(steps.make_eval_step(
-                self.task, self.composed, self.run_info, eval_metrics, precision=self.precision,
-                batch_transform=data_spec.whole_batch_transform(spec)), self.mesh, self.state_shardings))
-        self.state.eval_timestamp = Timestamp()
-        self._fire(Event.EVAL_START)
-        parts, count, pad_to = [], 0, None
-        n_batches = subset_num_batches if subset_num_batches != -1 else self.eval_subset_num_batches
-        if hasattr(loader, "set_state"):  # every evaluation sees the same batches, from the first one
-            loader.set_state({"epoch": 0, "batch_index": 0})
-        for i, raw in enumerate(loader):
-            if n_batches >= 0 and i >= n_batches:
-                break
-            batch = as_batch(raw)
-            count += _batch_size(batch)
-            self.state.batch = batch  # as Composer's state.batch during evaluation (unpadded, on the host)
-            for event in (Event.EVAL_BATCH_START, Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD):
-                self._fire(event)  # (the forward runs in the compiled eval step, between the last two)
-            if host is not None:  # unpadded: the metrics see exactly the loader's examples
-                host.update(batch, self._predict_fn(spec)(self.state.train_state, batch))
-            else:  # each batch's sums stay on the device until the end: no sync per batch
-                pad_to = pad_to or _round_up(_batch_size(batch), self.num_devices)
-                padded = parallel.same_on_every_process(_pad(batch, pad_to), parallel.batch_sharding(self.mesh))
-                parts.append(self._eval_steps[key](self.state.train_state, *padded))
-            self.state.eval_timestamp = self.state.eval_timestamp.to_next_batch(samples=_batch_size(batch))
-            self._fire(Event.EVAL_BATCH_END)
-        if count == 0:
-            raise ConfigurationError("eval_dataloader: yielded no examples")
-        metrics = host.compute() if host is not None else compute_all(eval_metrics, sum_states(parts))
-        metrics = {name: MetricValue(value) for name, value in metrics.items()}
-        self.state.eval_metrics[label] = metrics
-        self.logger.log_metrics({f"metrics/{label}/{k}": v for k, v in metrics.items()})
-        self._fire(Event.EVAL_END)
-        return metrics
-
-    def predict(self, dataloader: Iterable, subset_num_batches: int = -1, return_outputs: bool = True):
-        self._sync_model()
-        dataloader, spec = self._unwrap(dataloader)
-        fn = self._predict_fn(spec)
-        # a torch model's outputs come back as torch tensors, as Composer's predict gives them
-        adapter = adapters.model_adapter(self.task.source)
-        to_user = (lambda x: adapter.from_array(None, x)) if adapter is not None else np.asarray
-        outputs = []
-        self.state.predict_timestamp = Timestamp()
-        self._fire(Event.PREDICT_START)
-        for i, raw in enumerate(dataloader):
-            if subset_num_batches >= 0 and i >= subset_num_batches:
-                break
-            batch = as_batch(raw)
-            self.state.batch = batch
-            for event in (Event.PREDICT_BATCH_START, Event.PREDICT_BEFORE_FORWARD):
-                self._fire(event)
-            out = jax.tree.map(to_user, fn(self.state.train_state, batch))
-            if return_outputs:
-                outputs.append(out)
-            self.state.predict_outputs = out
-            self._fire(Event.PREDICT_AFTER_FORWARD)
-            self.state.predict_timestamp = self.state.predict_timestamp.to_next_batch(samples=_batch_size(batch))
-            self._fire(Event.PREDICT_BATCH_END)
-        self.state.predict_outputs = None
-        self._fire(Event.PREDICT_END)
-        return outputs
 
     def save_checkpoint(self, path: str | Path, weights_only: bool = False) -> Path:
         """Save everything needed to continue bit for bit (the ``TrainState`` and the timestamp) to a new
@@ -650,14 +524,6 @@ class Trainer(ReadsPlan):
         self._sync_model()
         return checkpoint.save_checkpoint(path, self.state.train_state, self.state.timestamp, self._meta(),
                                           weights_only=weights_only)
-
-    def _predict_fn(self, spec: data_spec.DataSpec | None = None) -> Callable:
-        key = data_spec.transform_key(spec)
-        if key not in self._predict_steps:
-            self._predict_steps[key] = collector_paused(jax.jit(steps.make_predict_step(
-                self.task, self.composed, self.run_info, precision=self.precision,
-                batch_transform=data_spec.whole_batch_transform(spec))))
-        return self._predict_steps[key]
 
     def _sync_model(self) -> None:
         """Write the current weights into the module the user passed (``state.model``), as Composer's model object
@@ -671,7 +537,7 @@ class Trainer(ReadsPlan):
             self.state.model = write_back(train_state.params, train_state.model_state)
         if self._foreign_optimizer is not None:  # and the optimizer's state, its groups' lr the next step's
             step = int(train_state.step)
-            self._foreign_optimizer.save(train_state.opt_state, self._lr_multiplier_on_host(step) * self._host_lr)
+            self._foreign_optimizer.save(train_state.opt_state, self.lr_table(step) * self._host_lr)
         self._synced_params = train_state.params
 
     def _synced_model(self) -> Any:
@@ -684,78 +550,10 @@ class Trainer(ReadsPlan):
             meta["algorithm_states"] = self.engine.state_dicts()
         return meta
 
-    def _checkpoint_store(self, a) -> tuple[checkpoint.CheckpointStore | None, int | None]:
-        """The run's CheckpointStore (or None) and the step autoresume continues from (or None), from the
-        validated arguments ``a``."""
-        save_folder, keep, overwrite, weights_only, autoresume, run_name = (
-            a.save_folder, a.save_num_checkpoints_to_keep, a.save_overwrite, a.save_weights_only, a.autoresume,
-            a.run_name)
-        if autoresume:
-            needs = [(save_folder is None, "save_folder (where to look for the latest checkpoint)"),
-                     (run_name is None, "run_name (so a relaunch is recognised as the same run)")]
-            missing = [what for absent, what in needs if absent]
-            if missing:
-                raise ConfigurationError(f"autoresume: needs {' and '.join(missing)}, as in Composer")
-            if overwrite:
-                raise ConfigurationError("save_overwrite: cannot be True with autoresume=True (one continues the "
-                                         "saved run, the other replaces it); choose one")
-            if weights_only:
-                raise ConfigurationError("save_weights_only: autoresume needs full checkpoints (optimizer state, "
-                                         "RNG, position) to continue; drop one of the two")
-        if save_folder is None:
-            return None, None
-        try:
-            # Composer's save_folder may name the run: '{run_name}/checkpoints'
-            save_folder = str(save_folder).replace("{run_name}", self.run_name)
-            store = checkpoint.CheckpointStore(save_folder, keep=keep, overwrite=overwrite, weights_only=weights_only,
-                                               filename=a.save_filename, latest_filename=a.save_latest_filename,
-                                               run_name=self.run_name)
-        except checkpoint.CheckpointError as e:
-            raise ConfigurationError(str(e)) from e
-        latest = store.latest_step()
-        if latest is not None and not (autoresume or overwrite):
-            raise ConfigurationError(f"save_folder: {store.folder} already holds checkpoints (latest batch "
-                                     f"{latest}); pass autoresume=True to continue that run, save_overwrite=True to "
-                                     "replace it, or choose a new folder")
-        # autoresume takes the newest checkpoint that passes its checksums, saying which ones it passed over
-        return store, (store.newest_good_step() if autoresume and latest is not None else None)
-
-    def _check_finite(self, wait: bool = True) -> None:
-        """Acts on the queued steps' non-finite flags, oldest first. ``wait=False`` (after each dispatch) takes the
-        flags already computed, and waits only for those more than ``_MAX_UNCHECKED_STEPS`` steps old; every sync
-        point (save, eval, preemption, the end of fit) waits for all of them."""
-        # Several processes must raise after the same step (their collectives wait for one another), so there each
-        # flag is read exactly one step late, whenever it was computed
-        solo = jax.process_count() == 1
-        limit = _MAX_UNCHECKED_STEPS if solo else 1
-        pending = self._pending_checks
-        while pending:
-            batch, metrics = pending[0]
-            if not wait and len(pending) <= limit and not (solo and is_ready(metrics["finite"])):
-                return
-            pending.popleft()
-            # np.asarray reads a jax.Array through its C++ buffer protocol (~1 us of host CPU); bool() walks
-            # JAX's Python conversion path (~30 us), CPU that XLA's threads could use
-            if bool(np.asarray(metrics["finite"])):
-                self._skips_in_a_row = 0
-                continue
-            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-            what = f"loss is {loss}" if not np.isfinite(loss) else f"gradient norm is {grad_norm}"
-            self._skips_in_a_row += 1
-            self.logger.log_metrics({"nonfinite/skipped_in_a_row": self._skips_in_a_row}, batch)
-            if self.nonfinite == "raise" or self._skips_in_a_row > self.nonfinite_max_skips:
-                why = "" if self.nonfinite == "raise" else f" ({self._skips_in_a_row} such steps in a row, more " \
-                                                          f"than nonfinite_max_skips={self.nonfinite_max_skips})"
-                pending.clear()
-                raise NonFiniteLossError(f"batch {batch}: the {what}{why}. The update was not applied and no state "
-                                         "after it was saved. Lower the learning rate, clip gradients "
-                                         "(GradientClipping), or pass nonfinite='skip' to step over rare bad "
-                                         "batches.")
-
     def _save(self) -> None:
         if self.store is None:
             return
-        self._check_finite()  # never save past a step that should have raised
+        self.nonfinite_checks.check()  # never save past a step that should have raised
         st = self.state
         with self._marker("checkpoint"):
             self.store.save(st.timestamp.batch, st.train_state, st.timestamp, self._meta())
@@ -833,8 +631,8 @@ class Trainer(ReadsPlan):
             self._check_train_batch(new)
             return parallel.process_rows_to_global(new, sharding)
 
-        batch_transform, microbatch_transform = data_spec.step_transforms(self._train_spec)
-        n_micro = 1 if self.microbatch_size in (None, "auto") else _batch_size(batch) // self.microbatch_size
+        batch_transform, microbatch_transform = data_spec.step_transforms(self.train_data_spec)
+        n_micro = 1 if self.microbatch_size in (None, "auto") else rows_in(batch) // self.microbatch_size
         forward = steps.make_forward(self.task, self.precision)
         params, model_state = st.train_state.params, st.train_state.model_state
         abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
@@ -877,7 +675,8 @@ class Trainer(ReadsPlan):
         transforms (``fit`` hands the Trainer uint8 images, normalized in the step)."""
         loader, spec = data_spec.unwrap(loader)
         if spec is None:
-            for own, own_spec in ((self.train_dataloader, self._train_spec), (self.eval_dataloader, self._eval_spec)):
+            owned = ((self.train_dataloader, self.train_data_spec), (self.eval_dataloader, self.eval_data_spec))
+            for own, own_spec in owned:
                 if loader is own and own is not None:
                     return loader, own_spec
         return loader, spec
@@ -885,18 +684,18 @@ class Trainer(ReadsPlan):
     def _model_batch(self, batch: dict) -> dict:
         """A host batch as the model sees it: after the train (else eval) DataSpec's transforms, run eagerly here
         (a torch module is exported with it; methods trace the model with it)."""
-        spec = self._train_spec if self.train_dataloader is not None else self._eval_spec
+        spec = self.train_data_spec if self.train_dataloader is not None else self.eval_data_spec
         transform = data_spec.whole_batch_transform(spec)
         return batch if transform is None else jax.tree.map(np.asarray, transform(dict(batch)))
 
     def _count_samples(self, batch: dict) -> int:
         """Samples in a train batch: the DataSpec's ``get_num_samples_in_batch``, else the leading dimension."""
-        count = getattr(self._train_spec, "get_num_samples_in_batch", None)
-        return _batch_size(batch) if count is None else int(count(batch))
+        count = getattr(self.train_data_spec, "get_num_samples_in_batch", None)
+        return rows_in(batch) if count is None else int(count(batch))
 
     def _count_tokens(self, batch: dict) -> int:
         """Tokens in a train batch: the DataSpec's ``get_num_tokens_in_batch``, else the task's count."""
-        count = getattr(self._train_spec, "get_num_tokens_in_batch", None)
+        count = getattr(self.train_data_spec, "get_num_tokens_in_batch", None)
         return self.task.num_tokens(batch) if count is None else int(count(batch))
 
     def _first_raw_batch(self):
@@ -916,21 +715,6 @@ class Trainer(ReadsPlan):
         elif hasattr(loader, "set_epoch"):
             loader.set_epoch(ts.epoch)
 
-    def _run_eval(self, unit: TimeUnit | None) -> None:
-        """Evaluate the sets due at this ``unit``'s boundary (``None``: every set with an interval, at the end of
-        fit)."""
-        due = [ev for ev in self._eval_sets
-               if (ev.interval is not None if unit is None else self._due(ev.interval, unit))]
-        if due:
-            self._check_finite()  # an evaluation waits for the last step anyway: act on every pending flag first
-            self._fire(Event.EVAL_BEFORE_ALL)
-        for ev in due:
-            with self._marker(f"eval/{ev.label}"):
-                self._evaluate(ev.loader, ev.subset, ev.label, spec=ev.spec, metric_names=ev.metric_names)
-        if due:
-            self._fire(Event.EVAL_AFTER_ALL)
-            self._last_eval_batch = self.state.timestamp.batch
-
     def _done(self) -> bool:
         ts = self.state.timestamp
         return ts.get(self.max_duration.unit).value >= self.max_duration.value
@@ -939,18 +723,7 @@ class Trainer(ReadsPlan):
         """The LR at ``step``; a Composer-style function scheduler contributes its latest value."""
         if self.base_lr is None:
             return None
-        return float(self.base_lr * self._lr_multiplier_on_host(step) * self._host_lr)
-
-    def _lr_multiplier_on_host(self, step: int) -> float:
-        """``lr_multiplier(step)`` read from a table computed ``_LR_TABLE_STEPS`` steps at a time. Asking the device
-        every batch (LRMonitor does) would wait for the train step in flight, since a device runs its work in
-        order: the host would lose its one-step lead and the next step could not be queued meanwhile."""
-        chunk, i = divmod(int(step), _LR_TABLE_STEPS)
-        table = self._lr_tables.get(chunk)
-        if table is None:
-            steps_in_chunk = jnp.arange(chunk * _LR_TABLE_STEPS, (chunk + 1) * _LR_TABLE_STEPS)
-            table = self._lr_tables[chunk] = np.asarray(jax.vmap(self.lr_multiplier)(steps_in_chunk))
-        return float(table[i])
+        return float(self.base_lr * self.lr_table(step) * self._host_lr)
 
     def _step_torch_schedulers(self) -> None:
         """Step the torch LR schedulers; the next step's host LR factor is read from them again."""
@@ -978,7 +751,7 @@ class Trainer(ReadsPlan):
         return self._step_with(1 if self.microbatch_size is None else batch_size // self.microbatch_size)
 
     def _pure_train_step(self, n: int):
-        batch_transform, microbatch_transform = data_spec.step_transforms(self._train_spec)
+        batch_transform, microbatch_transform = data_spec.step_transforms(self.train_data_spec)
         return steps.make_train_step(self.task, self.build_tx, self.composed, self.run_info, precision=self.precision,
                                      num_microbatches=n, mesh=self.mesh, grad_shardings=self.grad_shardings,
                                      model_view=self.model_view, batch_transform=batch_transform,
@@ -999,50 +772,17 @@ class Trainer(ReadsPlan):
                 steps.make_multi_step(self._pure_train_step(n), k), self.mesh, self.state_shardings))
         return self._train_steps["multi", n, k]
 
-    def _chunk_length(self) -> int:
-        """How many batches the next compiled call may train from the current timestamp: ``steps_per_execution``,
-        cut where the host must act between two batches (an evaluation or a checkpoint due in batches, the end of
-        the epoch or of the duration); 1 where that cannot be told ahead (intervals given as functions, a
-        duration in samples or tokens, 'auto' microbatching before its first batch)."""
-        k = self.steps_per_execution
-        if k == 1 or self.microbatch_size == "auto":
-            return 1
-        ts, md = self.state.timestamp, self.max_duration
-        done = int(ts.get(TimeUnit.BATCH).value)
-        if md.unit == TimeUnit.BATCH:
-            k = min(k, md.value - done)
-        elif md.unit != TimeUnit.EPOCH:
-            return 1
-        if self.steps_per_epoch:
-            k = min(k, self.steps_per_epoch - int(ts.batch_in_epoch))
-        due = [ev.interval for ev in self._eval_sets]
-        due += [self.save_interval] if self.store is not None else []
-        for interval in due:
-            if callable(interval):
-                return 1
-            if interval is not None and interval.unit == TimeUnit.BATCH:
-                k = min(k, interval.value - done % interval.value)
-        return max(k, 1)
-
     def _chunks(self, batches: Iterable):
-        """``batches`` grouped into the calls that train them: lists of up to ``steps_per_execution`` batches of
-        one shape (``[batch]`` each when it is 1), cut where ``_chunk_length`` says."""
-        it, held = iter(batches), None
-        while True:
-            first, held = (held, None) if held is not None else (next(it, None), None)
-            if first is None:
-                return
-            n, chunk = self._chunk_length(), [first]
-            shapes = {k: v.shape for k, v in first.items()}
-            while len(chunk) < n:
-                nxt = next(it, None)
-                if nxt is None:
-                    break
-                if {k: v.shape for k, v in nxt.items()} != shapes:
-                    held = nxt
-                    break
-                chunk.append(nxt)
-            yield chunk
+        """``batches`` grouped into the calls that train them (``multi_step``): one batch each, or up to
+        ``steps_per_execution`` where the host need not act between them."""
+        def length() -> int:
+            if self.steps_per_execution == 1 or self.microbatch_size == "auto":  # 'auto' before its first batch
+                return 1
+            intervals = [ev.interval for ev in self._eval_sets]
+            intervals += [self.save_interval] if self.store is not None else []
+            return multi_step.call_length(self.steps_per_execution, self.state.timestamp, self.max_duration,
+                                          self.steps_per_epoch, intervals)
+        return multi_step.group_calls(batches, length)
 
     def _train_chunk_in_one_call(self, chunk: list[dict]) -> list[dict] | None:
         """Trains ``chunk`` in one multi-step call (padded to ``steps_per_execution`` with its last batch, whose
@@ -1057,9 +797,15 @@ class Trainer(ReadsPlan):
         k = self.steps_per_execution
         padded = tuple(chunk) + (chunk[-1],) * (k - len(chunk))
         with self._marker("step", device_step=True):
-            st.train_state, metrics = self._multi_step_for(_batch_size(chunk[0]), k)(
+            st.train_state, metrics = self._multi_step_for(rows_in(chunk[0]), k)(
                 st.train_state, padded, stages[0], np.int32(len(chunk)))
         return metrics[:len(chunk)]
+
+    def compiled_train_programs(self) -> dict:
+        """How many programs each compiled train call holds, by its key: the number of microbatches, or
+        ``('multi', microbatches, k)`` for the call that trains ``k`` batches (``steps_per_execution``). A call
+        compiles once per batch shapes and methods' stage: this is what recompilation checks read."""
+        return {key: step._cache_size() for key, step in self._train_steps.items()}
 
     def compiled_train_step(self, batch: dict, stage=None, num_microbatches: int = 1):
         """The train step compiled ahead of time for this batch's shapes (``jax.stages.Compiled``): its
@@ -1074,34 +820,12 @@ class Trainer(ReadsPlan):
                           None).compile()
 
     def _auto_microbatch_size(self, batch: dict, stage) -> int:
-        """``device_train_microbatch_size='auto'``: the largest microbatch whose compiled step fits the device memory,
-        read from XLA's memory analysis of candidates (a binary search, largest first) before anything runs. Composer instead
-        runs the step, catches CUDA's out-of-memory error and halves; that cannot work inside one compiled program,
-        and asking the compiler is cheaper than failing. Candidates divide the batch and the batch ways."""
-        n = _batch_size(batch)
+        """``device_train_microbatch_size='auto'`` (``microbatching``), chosen at the first batch and said."""
+        n = rows_in(batch)
         budget = self.device_memory_bytes or (self.mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit")
-        sizes = [m for m in range(n, 0, -1) if n % m == 0 and m % self.num_devices == 0]
-        chosen, needs = None, {}
-        if budget is None:
-            chosen = n  # no limit known (CPU): nothing to fit into
-        lo, hi = 0, len(sizes) - 1  # binary search: memory falls as microbatches shrink (sizes[lo] is largest)
-        while chosen is None and lo <= hi:
-            mid = (lo + hi) // 2
-            m = sizes[mid]
-            needs[m] = parallel.memory_per_device(self.compiled_train_step(batch, stage, n // m))["peak"]
-            if needs[m] <= budget:
-                hi = mid - 1
-            else:
-                lo = mid + 1
-        if budget is not None and lo < len(sizes):
-            chosen = sizes[lo]
-            if chosen not in needs:
-                needs[chosen] = parallel.memory_per_device(self.compiled_train_step(batch, stage, n // chosen))["peak"]
-        if chosen is None:
-            raise ConfigurationError(
-                f"device_train_microbatch_size='auto': even microbatches of {sizes[-1]} need {needs[sizes[-1]]:,} "
-                f"bytes per device, over the {budget:,} available (device_memory_bytes); shard the model "
-                "(parallelism_config={'fsdp': {}}), use precision='amp_bf16', or a smaller model")
+        chosen, needs = microbatching.largest_fitting_microbatch(
+            n, self.num_devices, budget,
+            lambda m: parallel.memory_per_device(self.compiled_train_step(batch, stage, n // m))["peak"])
         why = "no device memory limit known" if budget is None else \
             f"peak {needs[chosen]:,} of {budget:,} bytes per device"
         self.logger.log_hyperparameters({"device_train_microbatch_size": chosen})
@@ -1152,7 +876,7 @@ class Trainer(ReadsPlan):
         return batches if self.profiler is None else self.profiler.marked_iter("dataloader/train", batches)
 
     def _check_train_batch(self, batch: dict) -> None:
-        n = _batch_size(batch) * jax.process_count()  # the global batch
+        n = rows_in(batch) * jax.process_count()  # the global batch
         if n % self.num_devices:
             raise ConfigurationError(
                 f"train batch size {n} is not divisible by the {self.num_devices} devices of the data axis; "
@@ -1162,64 +886,6 @@ class Trainer(ReadsPlan):
             raise ConfigurationError(
                 f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "
                 f"multiple of the device count {self.num_devices}.")
-
-    def _batch_facts(self, max_duration: Time | None) -> tuple[int | None, int | None]:
-        """Samples and tokens per batch, for durations in ``sp``/``tok`` (run length, schedulers): the loader's
-        ``batch_size``, and the task's token count of the first batch (read only when a ``tok`` time needs it)."""
-        batch_size = getattr(self.train_dataloader, "batch_size", None)
-        times = [max_duration] + [getattr(sch, f.name) for sch in self.schedulers if dataclasses.is_dataclass(sch)
-                                  for f in dataclasses.fields(sch)]
-        wants_tokens = any(_in_tokens(t) for t in times)
-        if not wants_tokens or self.train_dataloader is None:
-            return batch_size, None
-        return batch_size, (self._count_tokens(self._example_batch()) or None)
-
-    def _total_steps(self, md: Time | None, steps_per_epoch: int | None, batch_size: int | None,
-                     tokens_per_batch: int | None) -> int:
-        if md is None:
-            return 1
-        try:
-            return max(1, to_batches(md, steps_per_epoch=steps_per_epoch, max_batches=None, batch_size=batch_size,
-                                     tokens_per_batch=tokens_per_batch))
-        except ValueError as e:
-            raise ConfigurationError(f"max_duration: {md.to_timestring()} cannot be converted to batches: {e}") from e
-
-
-class _PreemptionGuard:
-    """Turns SIGTERM/SIGINT into a stop asked between steps, so a step is never cut in half.
-
-    One process: a Python handler sets a flag. Several processes (``jax.distributed``): they must all stop after
-    the same step, or the last checkpoint's collectives would wait for a process that left. JAX's preemption
-    notifier records SIGTERM in each process, and ``reached_preemption_sync_point`` (called by every process at
-    every step) agrees on the step to stop at, so no Python handler may replace its SIGTERM handler there; SIGINT
-    keeps Python's default (KeyboardInterrupt, without a checkpoint). Outside the main thread (where Python cannot
-    install handlers) it does nothing."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signal, self._previous = None, {}
-        self._distributed = jax.process_count() > 1
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-
-    def poll(self, step: int) -> int | None:
-        """The signal to stop for after ``step``, or None; every process calls it after every step."""
-        if self._distributed:
-            from jax.experimental import multihost_utils
-            return signal.SIGTERM if multihost_utils.reached_preemption_sync_point(int(step)) else None
-        return self.signal
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and not self._distributed:
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        return False
 
 
 def _split_schedulers(schedulers: list) -> tuple[list, list]:
@@ -1252,55 +918,6 @@ def _translate_optimizer(optimizer: Any, user_model: Any) -> tuple[Any, Any]:
             "GradientTransformation (jaxcomposer.optim.DecoupledSGDW, optax.adamw, ...) or a torch optimizer built "
             "on the model's parameters (torch.optim.SGD(model.parameters(), lr=0.1))")
     return optimizer, None
-
-
-def _as_loader(loader, name: str):
-    """Another framework's loader (a torch DataLoader) through its adapter; our own loaders pass through."""
-    adapter = adapters.adapter_for(loader)
-    converted = None if adapter is None or adapter.to_loader is None else adapter.to_loader(loader, name)
-    return loader if converted is None else converted
-
-
-def _in_tokens(t: Any) -> bool:
-    if not isinstance(t, (Time, str)):
-        return False
-    try:
-        return Time.from_input(t).unit == TimeUnit.TOKEN
-    except (TypeError, ValueError):
-        return False
-
-
-def _scale(t: Time, ssr: float) -> Time:
-    if ssr == 1.0:
-        return t
-    value = t.value * ssr if t.unit == TimeUnit.DURATION else int(t.value * ssr)
-    if value == 0:
-        raise ConfigurationError(f"scale_schedule_ratio: {ssr} scales max_duration {t.to_timestring()} to zero")
-    return Time(value, t.unit)
-
-
-def _len_or_none(loader, subset: int) -> int | None:
-    try:
-        n = len(loader)
-    except TypeError:
-        return None if subset < 0 else subset
-    return n if subset < 0 else min(n, subset)
-
-
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
-
-
-def _pad(batch: dict, size: int):
-    n = _batch_size(batch)
-    if n > size:
-        raise ConfigurationError(f"eval batch of {n} examples is larger than the first eval batch ({size}); "
-                                 "eval loaders must yield batches no larger than their first one")
-    mask = np.zeros((size,), np.float32)
-    mask[:n] = 1.0
-    if n == size:
-        return batch, mask
-    return {k: np.concatenate([np.asarray(v), np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}, mask
 
 
 if Trainer.__doc__:  # the Args section, from the option table, in the signature's order

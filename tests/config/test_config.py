@@ -184,10 +184,10 @@ def test_fit_normalizes_images_in_the_step_unless_a_host_method_needs_them_norma
     from jaxcomposer.data import NormalizeImages
     from jaxcomposer.runner import NormalizedLoader, build_trainer
     trainer, _ = build_trainer(load_config(TINY), loggers=[])
-    assert isinstance(trainer._train_spec.batch_transforms, NormalizeImages)
-    assert isinstance(trainer._eval_spec.batch_transforms, NormalizeImages)
+    assert isinstance(trainer.train_data_spec.batch_transforms, NormalizeImages)
+    assert isinstance(trainer.eval_data_spec.batch_transforms, NormalizeImages)
     assert next(iter(trainer.train_dataloader))["input"].dtype == "uint8"  # what crosses to the device
     with_host_method = load_config({**TINY, "algorithms": {"randaugment": {"severity": 3}}})
     trainer, _ = build_trainer(with_host_method, loggers=[])
-    assert trainer._train_spec is None and isinstance(trainer.train_dataloader, NormalizedLoader)
+    assert trainer.train_data_spec is None and isinstance(trainer.train_dataloader, NormalizedLoader)
     assert next(iter(trainer.train_dataloader))["input"].dtype == "float32"

@@ -156,16 +156,16 @@ def test_autoresume_across_a_skip_is_bitwise(name, tmp_path):
 
 
 def test_host_lr_matches_the_device_schedule_across_table_chunks():
-    """The LR callbacks read (``state.learning_rate``) comes from host tables of ``_LR_TABLE_STEPS`` steps, so
+    """The LR callbacks read (``state.learning_rate``) comes from host tables of ``TABLE_STEPS`` steps, so
     reading it never waits for the step in flight; it must equal the compiled schedule, also past a chunk edge."""
     from jaxcomposer.optim import CosineAnnealingWithWarmupScheduler
-    from jaxcomposer.trainer.trainer import _LR_TABLE_STEPS
+    from jaxcomposer.trainer.lr_table import TABLE_STEPS
     trainer = Trainer(model=mlp_task(), train_dataloader=PoisonedLoader(set()), max_duration="9000ba",
                       optimizers=DecoupledSGDW(lr=0.1), schedulers=[CosineAnnealingWithWarmupScheduler("100ba")],
                       seed=0, progress_bar=False)
-    probes = [0, 1, 99, 100, 2500, _LR_TABLE_STEPS - 1, _LR_TABLE_STEPS, 2 * _LR_TABLE_STEPS + 7, 8999]
+    probes = [0, 1, 99, 100, 2500, TABLE_STEPS - 1, TABLE_STEPS, 2 * TABLE_STEPS + 7, 8999]
     host = [trainer.state.learning_rate(s) for s in probes]
     device = [0.1 * float(trainer.lr_multiplier(s)) for s in probes]
     np.testing.assert_allclose(host, device, rtol=1e-6, atol=1e-9)
     assert host[0] == 0.0 and host[3] == pytest.approx(0.1) and host[-1] < 1e-6
-    assert sorted(trainer._lr_tables) == [0, 1, 2]  # three chunks computed, each once
+    assert sorted(trainer.lr_table.chunks) == [0, 1, 2]  # three chunks computed, each once

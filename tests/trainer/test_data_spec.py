@@ -201,7 +201,6 @@ def test_the_trainers_own_loaders_passed_back_keep_their_transforms(host_normali
     got = in_step.predict(in_step.eval_dataloader, subset_num_batches=1)
     want = host_normalized.predict(host_normalized.eval_dataloader, subset_num_batches=1)
     np.testing.assert_array_equal(got[0], want[0])
-    assert in_step._unwrap(in_step.train_dataloader)[1] is in_step._train_spec  # fit(train_dataloader=...) too
     got = in_step.predict(in_step.train_dataloader, subset_num_batches=1)
     want = host_normalized.predict(host_normalized.train_dataloader, subset_num_batches=1)
     np.testing.assert_array_equal(got[0], want[0])

@@ -84,31 +84,31 @@ class Flag:
 
 
 def test_flags_are_read_without_waiting_up_to_the_queue_limit():
-    from jaxcomposer.trainer.trainer import _MAX_UNCHECKED_STEPS as limit
+    from jaxcomposer.trainer.nonfinite import MAX_UNCHECKED_STEPS as limit
     trainer = make(set())
-    pending = trainer._pending_checks
+    pending = trainer.nonfinite_checks.pending
     flags = {b: Flag(ready=b <= 2) for b in range(1, limit + 1)}
     pending.extend((b, {"finite": f}) for b, f in flags.items())
-    trainer._check_finite(wait=False)  # the computed flags are taken; the host stops at the first one still running
+    # the computed flags are taken; the host stops at the first one still running
+    trainer.nonfinite_checks.check(wait=False)
     assert [b for b, _ in pending] == list(range(3, limit + 1)) and not any(f.waited for f in flags.values())
     late = Flag(ready=False)
     pending.extend((b, {"finite": late}) for b in range(limit + 1, limit + 5))  # limit + 2 queued now
-    trainer._check_finite(wait=False)
+    trainer.nonfinite_checks.check(wait=False)
     assert len(pending) == limit  # only the two oldest, past the limit, were waited for
     assert [b for b, f in flags.items() if f.waited] == [3, 4]
-    trainer._check_finite()  # a sync point (save, eval, fit end) reads them all
+    trainer.nonfinite_checks.check()  # a sync point (save, eval, fit end) reads them all
     assert not pending
 
 
 def test_a_bad_flag_read_later_still_names_its_batch():
     trainer = make(set())
-    trainer._pending_checks.extend([(7, {"finite": Flag(ready=True)}),
-                                    (8, {"finite": Flag(ready=True, finite=False), "loss": float("nan"),
-                                         "grad_norm": 1.0}),
-                                    (9, {"finite": Flag(ready=False)})])
+    bad = {"finite": Flag(ready=True, finite=False), "loss": float("nan"), "grad_norm": 1.0}
+    trainer.nonfinite_checks.pending.extend([(7, {"finite": Flag(ready=True)}), (8, bad),
+                                             (9, {"finite": Flag(ready=False)})])
     with pytest.raises(NonFiniteLossError, match="batch 8: the loss is nan"):
-        trainer._check_finite(wait=False)
-    assert not trainer._pending_checks
+        trainer.nonfinite_checks.check(wait=False)
+    assert not trainer.nonfinite_checks.pending
 
 
 def test_several_processes_read_each_flag_exactly_one_step_late(monkeypatch):
@@ -116,11 +116,11 @@ def test_several_processes_read_each_flag_exactly_one_step_late(monkeypatch):
     import jax
     trainer = make(set())
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    pending = trainer._pending_checks
+    pending = trainer.nonfinite_checks.pending
     flags = [Flag(ready=True), Flag(ready=True), Flag(ready=False)]
     pending.extend((b, {"finite": f}) for b, f in enumerate(flags, 1))
-    trainer._check_finite(wait=False)
+    trainer.nonfinite_checks.check(wait=False)
     assert [b for b, _ in pending] == [3]  # the newest stays queued even when the older ones were computed
     pending.append((4, {"finite": Flag(ready=True)}))
-    trainer._check_finite(wait=False)
+    trainer.nonfinite_checks.check(wait=False)
     assert [b for b, _ in pending] == [4] and flags[2].waited  # step 3's flag: read (waited for) one step late
