@@ -262,7 +262,7 @@ def make_multi_step(train_step: Callable, k: int) -> Callable:
     clock and key, so the result is that of ``count`` calls; metrics come back per step, sliced in the program
     (no slicing dispatch on the host); those of skipped steps are zeros."""
     # jitted inside, so that the trace eval_shape makes (for the skipped steps' metrics) is the one the scan reuses:
-    # tracing a step twice cost ~0.3 s of the first call on the quickstart
+    # otherwise the first call traces the whole step twice
     step = jax.jit(train_step, static_argnums=2)
 
     def multi_step(state, batches: tuple, stage, count):
