@@ -31,8 +31,8 @@ def index_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
     Its gradient is written out, ``(softmax(x) - onehot(target)) * g``, because autodiff of ``log_softmax`` and
     ``take_along_axis`` builds it from a zero-filled float32 array of the logits' shape, a scatter into it, a
     reduction over it and a final pass: four trips through the largest tensor of a language model's step (16 x
-    1024 x 50304 floats for GPT-2; ~3 ms of a 35 ms H200 step). Written out it is one pass that reads the
-    logits, in their own dtype, and writes the gradient. The cost: forward-mode autodiff (``jax.jvp``,
+    1024 x 50304 floats for GPT-2; benchmarks/gpu_profile.py measured what they cost). Written out it is one pass
+    that reads the logits, in their own dtype, and writes the gradient. The cost: forward-mode autodiff (``jax.jvp``,
     ``jax.hessian``) does not go through it; ``jax.grad`` of ``jax.grad`` does.
     """
     return _index_ce_forward(logits, target)[0]

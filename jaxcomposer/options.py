@@ -271,8 +271,8 @@ CONFIG_COMPONENTS: tuple[Option, ...] = (
 # Options of the process ``jaxcomposer fit`` runs in, not of the Trainer (whose users set JAX's config themselves)
 PROCESS_OPTIONS: tuple[Option, ...] = (
     Option("compilation_cache_dir", str | None, "~/.cache/jaxcomposer/xla",
-           "JAX's persistent compilation cache: a rerun of the same steps loads them instead of compiling "
-           "(quickstart: 35 -> 17 s from command to result); null turns it off. An already configured cache "
+           "JAX's persistent compilation cache: a rerun of the same steps loads them instead of compiling them "
+           "again, most of a small run's start-up (benchmarks/README.md); null turns it off. An already configured cache "
            "(JAX_COMPILATION_CACHE_DIR, jax.config) is left alone"),
 )
 

@@ -106,8 +106,8 @@ def use_compilation_cache(path: str | None) -> str | None:
                                  f"at a writable directory or set it to null to compile every run afresh") from None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-        # JAX caches only programs that took >= 1 s to compile: a small model's train step (~0.5-1 s on 2 cores)
-        # would then compile again at every run's first step
+        # JAX caches only programs that took >= 1 s to compile, and a small model's train step can compile faster
+        # than that: it would then compile again at every run's first step
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
     return str(directory)
 

@@ -2,10 +2,10 @@
 
 jemalloc (often preloaded for its speed: ``LD_PRELOAD=libjemalloc.so.2``) serves every block over its
 ``oversize_threshold`` (8 MiB by default) from a dedicated arena that hands freed memory back to the system at once.
-XLA:CPU allocates a step's buffers anew on every execution, so each step then faults its memory in again: the
-quickstart ResNet's step took 49 ms under jemalloc's defaults, 28.5 ms under glibc's malloc and 29 ms under jemalloc
-with ``MALLOC_CONF=oversize_threshold:0``. jemalloc reads ``MALLOC_CONF`` when the process starts, so the fix
-cannot be applied from Python; the Trainer warns instead.
+XLA:CPU allocates a step's buffers anew on every execution, so each step then faults its memory in again, which
+makes a small model's step markedly slower than under glibc's malloc or under jemalloc with
+``MALLOC_CONF=oversize_threshold:0`` (benchmarks/README.md, "Setup and suite"). jemalloc reads ``MALLOC_CONF``
+when the process starts, so the fix cannot be applied from Python; the Trainer warns instead.
 """
 from __future__ import annotations
 
@@ -33,5 +33,5 @@ def slow_allocator_warning() -> str | None:
         return None
     return (f"jemalloc is this process's malloc with oversize_threshold={threshold} bytes: it returns every freed "
             f"block above that size to the system at once, and XLA:CPU's per-step buffers then fault in anew each "
-            f"step (the quickstart ResNet's step ran 1.7x slower). Start the process with {FIX} in the environment "
+            f"step, which slows the steps down. Start the process with {FIX} in the environment "
             f"(make demo and make test do), or without jemalloc.")

@@ -4,10 +4,10 @@ A model built with ``conv_impl='onednn'`` (or ``'auto'``, which may choose it) r
 whose OpenMP team holds one thread per core and keeps them spinning for a while after every convolution (spinning is
 what makes its next parallel region start at once). Between convolutions XLA:CPU runs the step's other kernels on
 its own pool, also one thread per core. On a small machine the two then share the cores: XLA's threads run beside a
-spinning OpenMP thread, and the kernel scheduler hands each a time slice. On 2 cores the spinning took a large share
-of the process's CPU samples (``perf``), and one XLA thread made the steps faster (``docs/design.md`` has the
-measurements). Making OpenMP spin less was slower still (``GOMP_SPINCOUNT`` 3,000 or 30,000,
-``OMP_WAIT_POLICY=passive``): the convolutions' own barriers need the spinning.
+spinning OpenMP thread, and the kernel scheduler hands each a time slice. On a small machine the spinning takes a
+large share of the process's CPU, and one XLA thread makes the steps faster (``benchmarks/README.md``, "One XLA:CPU
+thread beside oneDNN"). Making OpenMP spin less (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY=passive``) is slower still:
+the convolutions' own barriers need the spinning.
 
 XLA reads the pool's size once, from ``PJRT_NPROC``, when it creates its CPU client (the first array, compile or
 device query of the process), so this can only be arranged before that: ``jaxcomposer fit`` and
@@ -15,8 +15,8 @@ device query of the process), so this can only be arranged before that: ``jaxcom
 ``PJRT_NPROC=1`` in its environment (or calls :func:`one_xla_thread_for_onednn` before its first JAX array). A value
 the user set (``PJRT_NPROC`` or XLA's other spelling, ``NPROC``) is always kept.
 
-Measured on 2 cores only, so it applies up to :data:`MAX_CORES` usable cores; on a larger machine XLA's elementwise
-kernels would lose more from running on one thread, and that trade is unmeasured.
+It applies up to :data:`MAX_CORES` usable cores, as only small machines were measured; on a larger machine XLA's
+elementwise kernels would lose more from running on one thread, and that trade is unmeasured.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from jaxcomposer.core import adapters
 
 ENV = "PJRT_NPROC"
-MAX_CORES = 4  # the largest machine the single XLA thread is chosen for (measured on 2 cores)
+MAX_CORES = 4  # the largest machine the single XLA thread is chosen for (the module's docstring says why)
 
 
 def usable_cores() -> int:

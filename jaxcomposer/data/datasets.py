@@ -130,7 +130,7 @@ def load_digits(split: str = "train", seed: int = 0, test_fraction: float = 0.25
     """scikit-learn's 1,797 8x8 digits as ``{'input': (N, 8, 8, 1) uint8, 'target': (N,) int32}``.
 
     The data ship inside scikit-learn (no download); they are read from its data file without importing
-    scikit-learn (3 s of start-up). The split is stratified (each class keeps its share in both splits, see
+    scikit-learn, whose import is slow. The split is stratified (each class keeps its share in both splits, see
     ``stratified_split``) and deterministic for a given ``(seed, test_fraction)``; the default gives 1,347 train /
     450 test. Pixel values 0..16 are scaled to 0..255 (rounded) so the images look like every other uint8 image
     dataset here.

@@ -3,11 +3,10 @@
 Why this shape: the datasets jaxcomposer trains on offline (Fashion-MNIST, digits, a byte corpus) fit in host
 memory, so the fastest correct loader is "shuffle indices, gather a whole batch with one numpy fancy-index".
 An epoch's order is one numpy permutation drawn from a generator seeded by ``(seed, epoch)``: a pure function of
-both, computed in ~2 ms for 60k examples, and any batch of it can be addressed directly. That makes resuming cheap
+both, cheap to compute, and any batch of it can be addressed directly. That makes resuming cheap
 (skip to batch ``k`` without touching earlier batches) and bitwise exact, which exact resume requires
 (docs/design.md, "Train state and checkpoints"). (grain's ``MapDataset.shuffle`` gives the same guarantees but
-computes each index in Python: 1.3 s of host CPU per Fashion-MNIST epoch, taken from the training step on a
-2-core machine.)
+computes each index in Python, host CPU that a small machine takes from the training step.)
 """
 
 from __future__ import annotations

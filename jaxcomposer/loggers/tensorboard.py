@@ -15,7 +15,7 @@ __all__ = ["TensorboardLogger"]
 
 
 def _summary_writer_cls():
-    # tensorboardX imports torch, when it is installed, only to name a type in its hints: 4 s of start-up for a run
+    # tensorboardX imports torch, when it is installed, only to name a type in its hints: a slow start-up for a run
     # that logs floats. Unless torch is already loaded, it is hidden while tensorboardX loads (None in sys.modules
     # makes that import raise ImportError, which tensorboardX handles), then shown again.
     hide_torch = "torch" not in sys.modules

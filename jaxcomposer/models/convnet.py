@@ -3,8 +3,8 @@
 The cheapest native image model to train on a CPU. Its default, three stride-2 3x3 convolutions of 32, 64 and 128
 channels on 28x28 images (2.1M multiply-adds per image), does in three convolutions what ResNet-8 (width 16,
 stride-2 stem; 2.5M) does in nine. Wide convolutions fill the CPU's vector units far better than narrow ones, and
-each convolution has a fixed cost per call, so on 2 CPU cores at batch 128 its train step took ~0.6x ResNet-8's
-time and reached a slightly higher Fashion-MNIST test accuracy after 2 epochs (0.907-0.909 against 0.906).
+each convolution has a fixed cost per call, so its CPU train step costs well under ResNet-8's, at a Fashion-MNIST
+accuracy at least as high (benchmarks/README.md, "The Fashion-MNIST quickstart").
 
 ``head='flatten'`` (default) keeps where a feature is: centred, aligned images such as Fashion-MNIST's carry
 class information in the layout (a sleeve's position), which a global average pool throws away. It fixes the
@@ -66,8 +66,7 @@ class ConvNet(nnx.Module):
                                for a, b, s in zip(cins, channels, strides)])
         self.bns = nnx.List([batch_norm_layer(c, bn_momentum, rngs) for c in channels])
         features = channels[-1] * (size * size if head == "flatten" else 1)
-        # dense_dot_general: the head's kernel gradient as an ordinary product on the CPU (0.55 -> 0.08 ms for the
-        # quickstart's head on one thread)
+        # dense_dot_general: the head's kernel gradient as an ordinary product on the CPU (models/dense.py says why)
         self.head = nnx.Linear(features, num_classes, dot_general=dense_dot_general, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:

@@ -2,14 +2,13 @@
 
 Autodiff writes the kernel gradient of ``y = x @ w`` as one dot that contracts the batch axis, the leading axis of
 both operands (``x^T dy`` with the transpose folded into the dot). XLA:CPU hands ordinary products (the lhs's last
-axis against the rhs's first) to its YNNPACK kernels, but runs this shape on Eigen's generic contraction: the
-quickstart ConvNet's head, (128 x 1536)^T (128 x 10), took ~0.6 ms of its train step on one thread, three times its
-forward product. :func:`dense_dot_general` keeps the forward and the input gradient as they were and, on the CPU
-only, writes the kernel gradient as ``transpose(transpose(dy) @ x)``: an ordinary product between two small
-transposes, each materialized behind an optimization barrier (XLA would otherwise fold them back into the dot). For
-that head, alone on one thread: 0.08 ms against 0.55 ms (transposing ``x`` instead, the larger operand, took 0.2
-ms). Elsewhere (cuBLAS and the TPU read transposed operands natively) the gradient is autodiff's
-(``jax.lax.platform_dependent``).
+axis against the rhs's first) to its YNNPACK kernels, but runs this shape on Eigen's generic contraction, several
+times as slow as the forward product (the quickstart ConvNet's head, (128 x 1536)^T (128 x 10)).
+:func:`dense_dot_general` keeps the forward and the input gradient as they were and, on the CPU only, writes the
+kernel gradient as ``transpose(transpose(dy) @ x)``: an ordinary product between two small transposes, each
+materialized behind an optimization barrier (XLA would otherwise fold them back into the dot); ``dy`` is transposed
+rather than ``x``, the larger operand (benchmarks/README.md, "Measurements behind code choices"). Elsewhere
+(cuBLAS and the TPU read transposed operands natively) the gradient is autodiff's (``jax.lax.platform_dependent``).
 
 Pass it as ``nnx.Linear(..., dot_general=dense_dot_general)``. Products it does not cover (batch dimensions,
 contractions other than the last input axis against a 2-D kernel's first) go to ``jax.lax.dot_general`` unchanged.

@@ -1,8 +1,8 @@
 """Max pooling whose gradient is a gather, not a scatter.
 
 ``lax.reduce_window(x, -inf, lax.max, ...)`` differentiates to ``select_and_scatter_add``, which XLA:GPU runs as
-a forward that writes an index array per window position and a scatter with atomics: 1.9 ms of a 38 ms ResNet-50
-step on an H200 (bs 256, its one 3x3/2 max-pool), more than any convolution. Here the forward is the max over the
+a forward that writes an index array per window position and a scatter with atomics: in a ResNet-50 step on a GPU
+it cost more than any convolution (benchmarks/README.md, "GPU"). Here the forward is the max over the
 window's strided slices of the padded input (one elementwise pass), and the backward routes each output gradient
 to the first position of its window that holds the max, in row-major window order, as torch's max-pool does (its
 indices point at the first maximum): each input position gathers from the windows that cover it, again one pass.

@@ -22,7 +22,7 @@ class SystemProfiler:
     shorter than the interval still has a sample (memory, disk and network are also read when it opens). CPU use
     is the system's since the previous sample, from ``psutil.cpu_times()`` (``psutil.cpu_percent()`` keeps one
     reading per process, which another user of it, such as ``SystemMetricsMonitor``, would move). Each sample
-    costs tens of microseconds of this thread, not of the training loop. Memory is in GiB (Composer divides bytes
+    costs this thread's time, not the training loop's. Memory is in GiB (Composer divides bytes
     by 2**9 and calls it GB).
     """
 
