@@ -74,7 +74,7 @@ from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.functional_io import optimizers_follow
-from jaxcomposer.algorithms.low_precision_layernorm import layer_norm_as, replace_norms
+from jaxcomposer.algorithms.low_precision_norm import layer_norm_as, replace_norms
 from jaxcomposer.algorithms.nnx_surgery import apply_surgery
 from jaxcomposer.core.method import Method, MethodEntry
 

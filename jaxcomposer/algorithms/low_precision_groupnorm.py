@@ -40,11 +40,10 @@ from typing import Any
 
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx.nn.normalization import _canonicalize_axes, _compute_stats, _normalize
 
-from jaxcomposer.algorithms.low_precision_layernorm import (UNKNOWN_PRECISION, apply_low_precision_norm,
-                                                            cast_or_none, check_apply_at, compute_dtype,
-                                                            run_precision, scale_and_bias)
+from jaxcomposer.algorithms.low_precision_norm import (apply_low_precision_norm, canonical_axes, check_apply_at,
+                                                       low_precision_operands, norm_stats, normalize, run_precision,
+                                                       share_affine)
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["LowPrecisionGroupNorm", "LPGroupNorm", "apply_low_precision_groupnorm"]
@@ -62,25 +61,21 @@ class LPGroupNorm(nnx.GroupNorm):
                   reduction_axes=layer.reduction_axes, axis_name=layer.axis_name,
                   axis_index_groups=layer.axis_index_groups, use_fast_variance=layer.use_fast_variance,
                   promote_dtype=layer.promote_dtype, rngs=nnx.Rngs(0))
-        new.use_bias, new.use_scale = layer.use_bias, layer.use_scale
-        new.scale, new.bias = layer.scale, layer.bias
-        return new
+        return share_affine(new, layer)
 
     def __call__(self, x, *, mask=None):
         # nnx.GroupNorm.__call__ with every operand cast to the compute dtype
-        scale, bias = scale_and_bias(self)
-        low = compute_dtype(x, scale, bias)
-        x, scale, bias = x.astype(low), cast_or_none(scale, low), cast_or_none(bias, low)
+        x, scale, bias, low = low_precision_operands(self, x)
         axes = self.reduction_axes if self.reduction_axes is not None else list(range(1, x.ndim - 1)) + [-1]
-        axes = _canonicalize_axes(x.ndim, axes)
+        axes = canonical_axes(x.ndim, axes)
         group_shape = x.shape[:-1] + (self.num_groups, self.group_size)
         if mask is not None:
             mask = mask.reshape(mask.shape[:-1] + (self.num_groups, self.group_size))
-        mean, var = _compute_stats(x.reshape(group_shape), list(axes[:-1]) + [-1], low, self.axis_name,
-                                   self.axis_index_groups, use_fast_variance=self.use_fast_variance, mask=mask)
+        mean, var = norm_stats(x.reshape(group_shape), list(axes[:-1]) + [-1], low, self.axis_name,
+                               self.axis_index_groups, use_fast_variance=self.use_fast_variance, mask=mask)
         mean = jnp.repeat(mean, self.group_size, axis=1)
         var = jnp.repeat(var, self.group_size, axis=1)
-        return _normalize(x, mean, var, scale, bias, axes[:-1], (self.feature_axis,), low, self.epsilon)
+        return normalize(x, mean, var, scale, bias, axes[:-1], (self.feature_axis,), low, self.epsilon)
 
 
 def _apply(model: Any, precision: Any, inplace: bool, stacklevel: int):

@@ -9,17 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_bridge.methods.low_precision_layernorm import cast_if_autocast_enabled
-from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
+from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch
+from torch_bridge.surgery import copy_affine
 
 
 class LPGroupNorm(nn.GroupNorm):
     """Composer's ``LPGroupNorm``: a GroupNorm computed in the autocast dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, weight, bias = (cast_if_autocast_enabled(t) for t in (x, self.weight, self.bias))
-        with torch.autocast(enabled=False, device_type=x.device.type):
-            return F.group_norm(x, self.num_groups, weight, bias, self.eps)
+        return norm_in_autocast_dtype(F.group_norm, x, self.num_groups, self.weight, self.bias, self.eps)
 
 
 def to_lp_groupnorm(layer: nn.Module, module_index: int) -> LPGroupNorm:
@@ -34,9 +32,7 @@ def to_lp_groupnorm(layer: nn.Module, module_index: int) -> LPGroupNorm:
 def apply_low_precision_groupnorm_torch(model: nn.Module):
     """Every ``nn.GroupNorm`` (not already an LPGroupNorm) becomes an :class:`LPGroupNorm`, in place;
     ``(model, number of them in it)``."""
-    policy = {nn.GroupNorm: lambda m, i: None if isinstance(m, LPGroupNorm) else to_lp_groupnorm(m, i)}
-    model, _ = replace_module_classes(model, policy)
-    return model, count_module_instances(model, LPGroupNorm)  # of the result: a model converted before does not warn
+    return replace_norms_torch(model, nn.GroupNorm, LPGroupNorm, to_lp_groupnorm)
 
 
 SURGERY = {"LowPrecisionGroupNorm": apply_low_precision_groupnorm_torch}

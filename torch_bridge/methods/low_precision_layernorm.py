@@ -11,23 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
-
-
-def cast_if_autocast_enabled(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """``tensor`` in the autocast dtype of its device while autocast is on (Composer's helper); else as it is."""
-    if tensor is None or not torch.is_autocast_enabled(tensor.device.type):
-        return tensor
-    return tensor.to(dtype=torch.get_autocast_dtype(tensor.device.type))
+from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch
+from torch_bridge.surgery import copy_affine
 
 
 class LPLayerNorm(nn.LayerNorm):
     """Composer's ``LPLayerNorm``: a LayerNorm computed in the autocast dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x, weight, bias = (cast_if_autocast_enabled(t) for t in (x, self.weight, self.bias))
-        with torch.autocast(enabled=False, device_type=x.device.type):
-            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        return norm_in_autocast_dtype(F.layer_norm, x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def to_lp_layernorm(layer: nn.Module, module_index: int) -> LPLayerNorm:
@@ -42,9 +34,7 @@ def to_lp_layernorm(layer: nn.Module, module_index: int) -> LPLayerNorm:
 def apply_low_precision_layernorm_torch(model: nn.Module):
     """Every ``nn.LayerNorm`` (not already an LPLayerNorm) becomes an :class:`LPLayerNorm`, in place;
     ``(model, number of them in it)``."""
-    policy = {nn.LayerNorm: lambda m, i: None if isinstance(m, LPLayerNorm) else to_lp_layernorm(m, i)}
-    model, _ = replace_module_classes(model, policy)
-    return model, count_module_instances(model, LPLayerNorm)  # of the result: a model converted before does not warn
+    return replace_norms_torch(model, nn.LayerNorm, LPLayerNorm, to_lp_layernorm)
 
 
 SURGERY = {"LowPrecisionLayerNorm": apply_low_precision_layernorm_torch}
