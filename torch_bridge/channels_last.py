@@ -2,10 +2,10 @@
 
 torch's graphs are NCHW. Convolving NCHW means a transpose into the kernel's channels-last layout and one back
 around every convolution (oneDNN's fast layouts and the GPU's are NHWC), and XLA cannot move those transposes
-through the BatchNorm, ReLU and residual adds between convolutions: on the quickstart ResNet the transposes cost
-4.4 ms of a 30 ms CPU step. Here the interpreter instead carries a 4-D activation as :class:`ChannelsLast` (the
-same NCHW tensor, held as NHWC) from the convolution that makes it, through the ops that do not care about the
-layout, to the first op that does; only there is it transposed back (:func:`to_nchw`).
+through the BatchNorm, ReLU and residual adds between convolutions, so the transposes take a sizeable share of a
+small CNN's CPU step (benchmarks/channels_last.py). Here the interpreter instead carries a 4-D activation as
+:class:`ChannelsLast` (the same NCHW tensor, held as NHWC) from the convolution that makes it, through the ops that
+do not care about the layout, to the first op that does; only there is it transposed back (:func:`to_nchw`).
 
 Ops that take and give channels-last tensors: 2-D convolutions (not transposed), BatchNorm in training and eval,
 pointwise ops (``torch.Tag.pointwise``, and ``type_as`` / ``_to_copy`` / ``clone``; any operand that broadcasts

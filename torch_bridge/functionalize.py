@@ -1,18 +1,17 @@
 """Turn an export's graph into the functional graph we lower, without ``run_decompositions`` when we can.
 
 ``torch.export.export`` returns a graph that may write in place: buffers (``num_batches_tracked.add_(1)``,
-``aten.batch_norm`` updating its running statistics) and intermediates (``nn.ReLU(inplace=True)``, ``out +=
-identity``). ``run_decompositions({})`` functionalizes it (a buffer update becomes a ``BUFFER_MUTATION`` output),
-but it re-traces the whole model and costs more than the export itself (a small ResNet-50, dynamic batch: 1.9 s
-against 1.1 s). Most graphs need far less: every op is one we lower and every in-place write is of a buffer or of
-a fresh intermediate. :func:`functionalize_in_place` rewrites exactly those graphs, in place, into the form
-``run_decompositions({})`` would give them (BatchNorm as ``_native_batch_norm_legit_functional`` /
-``_no_training`` / ``.no_stats``, in-place ops as their functional twins in the written tensor's dtype, buffer
-updates as ``BUFFER_MUTATION`` outputs ahead of the user outputs, eval-mode dropout gone), and declines anything
-else, which then takes the ``run_decompositions`` path as before: an op without a lowering (it may be a composite
-that decomposes into lowered ones), a write to a parameter, an input or a view, a view taken before a write to its
-tensor, a higher-order op. On the bridge's model zoo (CNN, ResNet-18/50, GPT, HF GPT-2 and BERT) every graph takes
-the fast path and ``from_torch`` is 2-4x faster.
+``aten.batch_norm`` updating its running statistics) and intermediates (``nn.ReLU(inplace=True)``, ``out += identity``).
+``run_decompositions({})`` functionalizes it (a buffer update becomes a ``BUFFER_MUTATION`` output), but it re-traces
+the whole model and costs more than the export itself. Most graphs need far less: every op is one we lower and every
+in-place write is of a buffer or of a fresh intermediate. :func:`functionalize_in_place` rewrites exactly those graphs,
+in place, into the form ``run_decompositions({})`` would give them (BatchNorm as ``_native_batch_norm_legit_functional``
+/ ``_no_training`` / ``.no_stats``, in-place ops as their functional twins in the written tensor's dtype, buffer updates
+as ``BUFFER_MUTATION`` outputs ahead of the user outputs, eval-mode dropout gone), and declines anything else, which
+then takes the ``run_decompositions`` path as before: an op without a lowering (it may be a composite that decomposes
+into lowered ones), a write to a parameter, an input or a view, a view taken before a write to its tensor, a
+higher-order op. On the bridge's model zoo (CNN, ResNet-18/50, GPT, HF GPT-2 and BERT) every graph takes the fast path,
+which makes ``from_torch`` several times faster (benchmarks/README.md, "Measurements behind code choices").
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ _NARROWED = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32, np.dt
 
 def to_jax(x):
     # Host arrays: a private copy (astype copies), then device_put. jnp.asarray of a numpy array compiles an identity
-    # program for every new shape and dtype (~30 ms each on CPU: a model's conversion paid it per parameter shape);
+    # program for every new shape and dtype (a compile each: a model's conversion would pay it per parameter shape);
     # device_put alone aliases an aligned host buffer on CPU (even with may_alias=False, JAX 0.10), and a torch
     # tensor's .numpy() is the tensor's own memory, which torch (or to_torch) may later write in place.
     if isinstance(x, torch.Tensor):
@@ -223,7 +223,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple, *, dynamic_batch:
     exported for their sizes on first use, kept for later calls.
     ``conv_layout`` ``"NHWC"`` (the default, ``None``) runs 2-D convolution nets channels-last: activations stay
     NHWC from the convolution that makes them to the first op that needs NCHW (:mod:`torch_bridge.channels_last`;
-    the quickstart ResNet's CPU step: 1.21x faster than ``"NCHW"``). ``"NCHW"`` keeps torch's layout throughout,
+    faster on CNNs, benchmarks/bridge_layout.py). ``"NCHW"`` keeps torch's layout throughout,
     each convolution transposing into and out of the kernel's layout. Outputs are equal up to float rounding.
     """
     if conv_layout is None:

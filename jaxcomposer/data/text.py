@@ -63,7 +63,7 @@ def load_stdlib_text(
     """The split's files concatenated, each followed by ``FILE_SEPARATOR``, as a 1-D ``np.uint8`` array.
 
     ``max_bytes`` truncates the result (and stops reading files early), which keeps tests fast. Nothing is
-    cached on disk: reading ~11 MB of source takes well under a second.
+    cached on disk: reading the sources again is cheap.
     """
     if max_bytes is not None and max_bytes <= 0:
         raise ValueError(f"max_bytes must be positive, got {max_bytes}")

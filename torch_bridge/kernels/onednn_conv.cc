@@ -1,24 +1,24 @@
 // XLA:CPU FFI handlers running 2-D convolutions through ATen, i.e. oneDNN on x86 CPUs.
 //
-// XLA:CPU's own convolution kernels take ~2x oneDNN's time on small CNNs, and their weight gradients add a
-// transpose of every activation. These handlers wrap XLA's buffers as strided ATen tensors (no copy in), let
-// at::convolution / at::convolution_backward pick oneDNN, and copy the result into XLA's output buffer.
+// XLA:CPU's own convolution kernels are slower than oneDNN's on small CNNs (benchmarks/step_profile.py), and their
+// weight gradients add a transpose of every activation. These handlers wrap XLA's buffers as strided ATen tensors (no
+// copy in), let at::convolution / at::convolution_backward pick oneDNN, and copy the result into XLA's output buffer.
 //
 // Layout: activations NHWC, kernels OHWI (the caller transposes Flax's HWIO or torch's OIHW kernels and NCHW
 // activations; XLA fuses those transposes into the neighbouring ops). The ATen views are logically NCHW / OIHW with
 // channels-last strides, which is oneDNN's fast layout for both: with plain NCHW it reorders every activation in and
 // out of its blocked format on every call, and with HWIO kernels ATen copies each kernel (and its gradient) through
-// a strided permutation on every call (~10% of the convolutions' time on a small ResNet).
+// a strided permutation on every call, a cost the convolutions themselves would otherwise not pay.
 // Bias is left to the caller (an XLA add fuses into what follows).
 //
-// Threads: every ATen call runs on one thread of this library's own (AtenThread below), never on the XLA thread
-// that made the call. ATen parallelizes with OpenMP, and GNU OpenMP keeps a team of worker threads for each thread
-// that has started parallel work. XLA:CPU runs a step's thunks on all of its pool threads, so calling ATen from them
-// leaves one team per pool thread. Once more OpenMP threads exist than cores, libgomp stops spinning at its barriers
-// and sleeps in the kernel instead, at every barrier of every convolution: on 2 cores the quickstart ResNet's step
-// took ~1.2x as long (eager torch slows by ~1.7x in a process where two idle teams exist). With one calling thread
-// there is one team, as in eager torch, and it stays warm between calls. JcReleaseCallerTeam lets the Python side
-// free the teams other threads get from their own torch ops (torch_bridge.kernels.release_openmp_team).
+// Threads: every ATen call runs on one thread of this library's own (AtenThread below), never on the XLA thread that
+// made the call. ATen parallelizes with OpenMP, and GNU OpenMP keeps a team of worker threads for each thread that has
+// started parallel work. XLA:CPU runs a step's thunks on all of its pool threads, so calling ATen from them leaves one
+// team per pool thread. Once more OpenMP threads exist than cores, libgomp stops spinning at its barriers and sleeps in
+// the kernel instead, at every barrier of every convolution, which slows every step on a small machine
+// (benchmarks/README.md, "Measurements behind code choices"). With one calling thread there is one team, as in eager
+// torch, and it stays warm between calls. JcReleaseCallerTeam lets the Python side free the teams other threads get
+// from their own torch ops (torch_bridge.kernels.release_openmp_team).
 #include <pthread.h>
 #include <unistd.h>
 

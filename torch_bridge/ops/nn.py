@@ -135,9 +135,8 @@ def _depthwise_by_taps_applies(x, w, groups, pads, stride, dilation) -> bool:
 
 def _depthwise_by_taps(x, w, stride, pads, dilation):
     """Depthwise 2-D convolution as a sum of ``kh * kw`` shifted, strided slices of the padded input, each times its
-    tap's per-channel weight. XLA:CPU runs a convolution with one channel per group through a generic loop: on
-    MobileNet/EfficientNet shapes (batch 32, 32-240 channels, 14-56 px, 3x3 and 5x5) this is 20-50x faster forward
-    and ~4x faster forward+backward than ``conv_general_dilated(feature_group_count=C)``."""
+    tap's per-channel weight. XLA:CPU runs a convolution with one channel per group through a generic loop, which
+    this outruns on MobileNet/EfficientNet shapes, forward and backward (benchmarks/bridge_depthwise.py)."""
     n, c, h, wd = x.shape
     multiplier = w.shape[0] // c
     if multiplier > 1:  # output channel o reads input channel o // multiplier
@@ -194,7 +193,7 @@ def _along(v, ndim, axis):
 def _batch_norm(x, weight, bias, mean, var, eps, channel_axis=1):
     xf = x.astype(_stats_dtype(x))
     # the weight folded into the per-channel factor: one multiply per element, not two, forward and backward
-    # (the bridged quickstart ResNet step: 16.6 -> 6.5 ms of elementwise kernels, benchmarks/step_profile.py)
+    # (a large share of a bridged CNN step's elementwise kernels, benchmarks/step_profile.py)
     factor = lax.rsqrt(var + eps) if weight is None else lax.rsqrt(var + eps) * weight
     out = (xf - _along(mean, x.ndim, channel_axis)) * _along(factor, x.ndim, channel_axis)
     if bias is not None:
