@@ -23,10 +23,10 @@ Differences from ``lax.conv_general_dilated``, on the oneDNN path:
 - float32 sums in oneDNN's order: results agree to float32 rounding (~1e-6 relative), not bit for bit;
   ``precision`` is ignored (oneDNN's float32 convolution is full float32).
 - bfloat16 (``precision='amp_bf16'``): oneDNN accumulates in float32 and rounds each result once, so a value or gradient
-is the float32 convolution of the same bf16 operands rounded to bf16 (within one bf16 unit). Where the CPU lacks AVX-512
-(or oneDNN is capped below it), ATen's bf16 kernels are not exact, so there the calls run in float32 and round once
-(:func:`bf16_is_exact` decides by a measurement, once per process). XLA:CPU's own bf16 convolutions are much slower
-(benchmarks/README.md, "Measurements behind code choices").
+  is the float32 convolution of the same bf16 operands rounded to bf16 (within one bf16 unit). Where the CPU lacks
+  AVX-512 (or oneDNN is capped below it), ATen's bf16 kernels are not exact, so there the calls run in float32 and round
+  once (:func:`bf16_is_exact` decides by a measurement, once per process). XLA:CPU's own bf16 convolutions are much
+  slower (benchmarks/README.md, "Measurements behind code choices").
 - first-order only: ``jax.grad`` works, a second derivative (``jax.hessian``) raises, because the gradient is
   itself a custom call. Use ``lax.conv_general_dilated`` for higher-order work.
 - ``jax.vmap`` over the convolution runs it once per mapped element.
