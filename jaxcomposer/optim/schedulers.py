@@ -122,6 +122,19 @@ def _cosine(x: jnp.ndarray, alpha_f: float) -> jnp.ndarray:
     return alpha_f + (1.0 - alpha_f) * 0.5 * (1.0 + jnp.cos(jnp.pi * x))
 
 
+def _linear(x: jnp.ndarray, alpha_i: float, alpha_f: float) -> jnp.ndarray:
+    return alpha_i + (alpha_f - alpha_i) * x
+
+
+def _polynomial(x: jnp.ndarray, power: float, alpha_f: float) -> jnp.ndarray:
+    return alpha_f + (1.0 - alpha_f) * (1.0 - x) ** power
+
+
+def _past_warmup(step, t_w: int, t_max: int) -> jnp.ndarray:
+    """The fraction of the post-warmup phase (t_w to t_max) done at ``step``: tau of the warmup schedulers."""
+    return _frac(_float(step), t_w, t_max - t_w, empty=0.0)
+
+
 def _check_positive(n: int, name: str, t: Time) -> int:
     if n <= 0:
         raise ValueError(f"{name}={t.to_timestring()!r} is {n} batches after conversion; expected at least 1 batch.")
@@ -271,7 +284,7 @@ class LinearScheduler(ComposerScheduler):
 
     def _build(self, ctx):
         t_max, a_i, a_f = ctx.batches(self.t_max), self.alpha_i, self.alpha_f
-        return lambda step: a_i + (a_f - a_i) * _frac(_float(step), 0, t_max)
+        return lambda step: _linear(_frac(_float(step), 0, t_max), a_i, a_f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,14 +363,14 @@ class PolynomialScheduler(ComposerScheduler):
 
     def _build(self, ctx):
         t_max, a_f, power = ctx.batches(self.t_max), self.alpha_f, self.power
-        return lambda step: a_f + (1.0 - a_f) * (1.0 - _frac(_float(step), 0, t_max)) ** power
+        return lambda step: _polynomial(_frac(_float(step), 0, t_max), power, a_f)
 
 
 # ----- warmup schedulers --------------------------------------------------------------------------------------
 
 
 class _Warmup(ComposerScheduler):
-    """Linear warmup from 0 over t_warmup batches, then ``_after(t, t_warmup_batches)``.
+    """Linear warmup from 0 over t_warmup batches to the peak ``_after_warmup`` gives, then its ``after(step)``.
 
     Composer's checks, run by ``schedule()`` before anything is compiled, for the schedulers with a ``t_max``
     (Composer's ``_raise_if_warmup_and_max_incompatible`` and ``_raise_if_max_duration_exceeds_t_max``; Composer's
@@ -424,11 +437,23 @@ class _Warmup(ComposerScheduler):
                 stacklevel=4,
             )
 
-    @staticmethod
-    def _warm(step, t_w: int, peak: float, after: jnp.ndarray) -> jnp.ndarray:
-        t = _float(step)
-        ramp = peak * t / max(t_w, 1)  # max() only guards the division; t < 0 never selects it
-        return jnp.where(t < t_w, ramp, after)
+    def _build(self, ctx):
+        t_w = self._warmup_batches(ctx)
+        t_max = ctx.batches(self.t_max) if hasattr(self, "t_max") else None
+        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+        peak, after = self._after_warmup(ctx, t_w, t_max)
+
+        def fn(step):
+            t = _float(step)
+            ramp = peak * t / max(t_w, 1)  # max() only guards the division; t < 0 never selects it
+            return jnp.where(t < t_w, ramp, after(step))
+
+        return fn
+
+    def _after_warmup(self, ctx: _Context, t_w: int, t_max: int | None) -> tuple[float, Schedule]:
+        """``(peak, after)``: the multiplier the warmup ramps up to, and ``after(step)``, the multiplier from
+        t_warmup on (``t_w`` batches; ``t_max`` in batches, None for a scheduler without one)."""
+        raise NotImplementedError  # pragma: no cover - abstract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,11 +469,8 @@ class MultiStepWithWarmupScheduler(_Warmup):
         super().__post_init__()
         object.__setattr__(self, "milestones", MultiStepScheduler(self.milestones).milestones)
 
-    def _build(self, ctx):
-        t_w = self._warmup_batches(ctx)
-        self._warn_if_warmup_outlasts(t_w, ctx)
-        steps = MultiStepScheduler(self.milestones, self.gamma)._build(ctx)
-        return lambda step: self._warm(step, t_w, 1.0, steps(step))
+    def _after_warmup(self, ctx, t_w, t_max):
+        return 1.0, MultiStepScheduler(self.milestones, self.gamma)._build(ctx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,11 +487,9 @@ class ConstantWithWarmupScheduler(_Warmup):
     t_max: TimeLike = "1dur"
     scale_warmup: bool = False
 
-    def _build(self, ctx):
-        t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+    def _after_warmup(self, ctx, t_w, t_max):
         alpha = self.alpha
-        return lambda step: self._warm(step, t_w, alpha, jnp.float32(alpha))
+        return alpha, lambda step: jnp.float32(alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,16 +502,9 @@ class LinearWithWarmupScheduler(_Warmup):
     t_max: TimeLike = "1dur"
     scale_warmup: bool = False
 
-    def _build(self, ctx):
-        t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+    def _after_warmup(self, ctx, t_w, t_max):
         a_i, a_f = self.alpha_i, self.alpha_f
-
-        def fn(step):
-            after = a_i + (a_f - a_i) * _frac(_float(step), t_w, t_max - t_w, empty=0.0)
-            return self._warm(step, t_w, a_i, after)
-
-        return fn
+        return a_i, lambda step: _linear(_past_warmup(step, t_w, t_max), a_i, a_f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,16 +516,9 @@ class CosineAnnealingWithWarmupScheduler(_Warmup):
     alpha_f: float = 0.0
     scale_warmup: bool = False
 
-    def _build(self, ctx):
-        t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+    def _after_warmup(self, ctx, t_w, t_max):
         a_f = self.alpha_f
-
-        def fn(step):
-            after = _cosine(_frac(_float(step), t_w, t_max - t_w, empty=0.0), a_f)
-            return self._warm(step, t_w, 1.0, after)
-
-        return fn
+        return 1.0, lambda step: _cosine(_past_warmup(step, t_w, t_max), a_f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,16 +531,9 @@ class PolynomialWithWarmupScheduler(_Warmup):
     alpha_f: float = 0.0
     scale_warmup: bool = False
 
-    def _build(self, ctx):
-        t_w, t_max = self._warmup_batches(ctx), ctx.batches(self.t_max)
-        self._warn_if_warmup_outlasts(t_w, ctx, t_max)
+    def _after_warmup(self, ctx, t_w, t_max):
         a_f, power = self.alpha_f, self.power
-
-        def fn(step):
-            after = a_f + (1.0 - a_f) * (1.0 - _frac(_float(step), t_w, t_max - t_w, empty=0.0)) ** power
-            return self._warm(step, t_w, 1.0, after)
-
-        return fn
+        return 1.0, lambda step: _polynomial(_past_warmup(step, t_w, t_max), power, a_f)
 
 
 def call_function_scheduler(scheduler: Callable, state, ssr: float = 1.0):
