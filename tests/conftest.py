@@ -5,20 +5,17 @@ Compile time is most of a test's time (tiny models, a few steps each), so:
   through JAX's persistent compilation cache, in a directory made fresh for each run: many tests build the same
   step for the same model and recipe (the contract's straight and resumed Trainers), and the second build then
   costs a trace instead of an XLA compile. Every compile is stored, the one-op programs of eager code too
-  (model initializers, metrics, test code): each costs XLA:CPU ~40 ms and the workers would otherwise
-  compile the same ones three times (paired runs of tests/algorithms: 3-24% less CPU time than storing only
-  compiles slower than 0.3 s);
+  (model initializers, metrics, test code): each is a real XLA:CPU compile and the workers would otherwise
+  compile the same ones several times (benchmarks/README.md, "Setup and suite", has the figures of these choices);
 - tests compile without most XLA optimizations (``jax_disable_most_optimizations``) and with XLA:CPU's older
   elemental emitters in place of its fusion emitters (``--xla_cpu_use_fusion_emitters=false``), both inherited by
-  the subprocesses tests start: together about three times as fast to compile (a small ResNet's train step: 5.7 s
-  -> 1.9 s). Every assertion still holds (bitwise equalities compare runs of one build; parity tolerances are the
-  fixed ones). The SIGKILL-and-autoresume runs (tests/trainer/test_fault_injection.py) compile as users do,
-  optimized and with the default emitters, so bitwise resume is still checked in the configuration users run;
+  the subprocesses tests start: together they compile several times as fast. Every assertion still holds (bitwise
+  equalities compare runs of one build; parity tolerances are the fixed ones). The SIGKILL-and-autoresume runs
+  (tests/trainer/test_fault_injection.py) compile as users do, optimized and with the default emitters, so bitwise
+  resume is still checked in the configuration users run;
 - XLA:CPU emits each program as one LLVM module (``--xla_cpu_parallel_codegen_split_count=1``) instead of splitting
-  it to compile the parts on parallel threads: on two cores busy with the workers the split buys no wall time
-  and costs CPU time (each part repeats shared work): a beta sample's program 1.0 s -> 0.7 s of CPU, a small
-  ResNet's gradient 0.7 s -> 0.4 s, tests/algorithms/test_cutmix.py, test_composition.py,
-  tests/torch_bridge/test_ops_nn.py and tests/models/test_resnet.py together 130 s -> 106 s;
+  it to compile the parts on parallel threads: with the cores already busy with the workers the split buys no
+  wall time and costs CPU time (each part repeats shared work);
 - the lowerings of a test process share MLIR contexts (``_share_mlir_contexts``, below);
 - the bridge's op tables compile once per table, not once per row (tests/torch_bridge/parity.py, ``JitTable``);
 - torch runs one OpenMP thread per process (below).
@@ -30,9 +27,8 @@ import tempfile
 import threading
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# torch's OpenMP pool sized to one thread in each test process (xdist workers and the subprocesses they start): three
-# workers on two cores would otherwise oversubscribe them with spinning OpenMP threads for ops on tiny tensors
-# (measured on tests/torch_bridge/test_composer_model.py alone: -10% CPU time; more under the workers' contention)
+# torch's OpenMP pool sized to one thread in each test process (xdist workers and the subprocesses they start): the
+# workers would otherwise oversubscribe the cores with spinning OpenMP threads for ops on tiny tensors
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # tests only: the fault-injection runs drop them (they compile as users do)
 FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
@@ -64,21 +60,18 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-# Tracing allocates millions of short-lived objects (tracers, equations, avals): with CPython's default threshold
-# (700) a test process ran ~1,500 young collections per 40 s and spent 7% of its time in the collector; with this
-# and the freeze after collection (below), 2%
+# Tracing allocates millions of short-lived objects (tracers, equations, avals): CPython's default threshold (700)
+# makes a test process collect so often that the collector takes a visible share of its time
 gc.set_threshold(10_000, 20, 100)
 
 
 def _share_mlir_contexts(lowerings_per_context: int = 100) -> None:
     """Let each thread's lowerings share an MLIR context, a new one every ``lowerings_per_context``.
 
-    JAX makes a fresh context for every lowering (``mlir.make_ir_context``: ~5 ms, registering and loading every
-    dialect), and the suite lowers ~7,600 programs, most of them one-op programs of eager code whose whole lowering
-    takes ~7 ms. JAX's lowering caches also keep each lowered module, and with it its context, alive. Measured
-    alternately on one core: tests/torch_bridge/test_ops_nn.py, tests/models/test_bert.py and four files of
-    tests/algorithms 93 -> 76 s and 85 -> 68 s of CPU time, peak memory 2.8 -> 1.2 GB;
-    tests/algorithms/test_composition.py 83 -> 75 s. A context only ever holds what its modules uniqued (types,
+    JAX makes a fresh context for every lowering (``mlir.make_ir_context`` registers and loads every dialect), and
+    the suite lowers thousands of programs, most of them one-op programs of eager code whose whole lowering costs
+    about as much as that. JAX's lowering caches also keep each lowered module, and with it its context, alive:
+    sharing saves CPU time and memory. A context only ever holds what its modules uniqued (types,
     attributes), so replacing it every 100 lowerings bounds that. Per thread, because an MLIR context is not safe to
     use from two threads at once. (jax is pinned: this patches its ``jax._src.interpreters.mlir``, which calls
     ``make_ir_context`` through its module globals.)

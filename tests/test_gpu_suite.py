@@ -23,7 +23,7 @@ def load_suite():
     return module
 
 
-@pytest.mark.slow  # ~12 s of compiles on one worker: scheduled first (conftest), so no worker ends the run on it
+@pytest.mark.slow  # long compiles on one worker: scheduled first (conftest), so no worker ends the run on it
 def test_cpu_smoke_writes_every_section(tmp_path):
     suite = load_suite()
     out = tmp_path / "x.json"
@@ -60,7 +60,7 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert result["cross_section_ratios"]["bridged_over_native_trainer"] > 0
 
 
-@pytest.mark.slow  # ~10 s: a trace, and a child process that compiles again
+@pytest.mark.slow  # a trace, and a child process that compiles again
 def test_gpu_profile_cpu_smoke_traces_and_times_a_variant(tmp_path, monkeypatch):
     """benchmarks/gpu_profile.py: the GPT side's trace is read back (kernel lines with busy time, a top list and
     idle gaps), its HLO is written, and a variant child process times the same side."""

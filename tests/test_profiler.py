@@ -263,7 +263,7 @@ def test_markers_outside_windows_record_nothing_and_cost_little():
     fire(profiler, state, Event.BATCH_END, Event.EPOCH_END, Event.FIT_END)
     assert recorder.durations == recorder.instants == recorder.counters == recorder.windows == []
     print(f"inactive marker: {per_marker_us:.2f} us")
-    assert per_marker_us < 5.0  # ~0.3 us measured (2 shared cores); the bound leaves room for a busy machine
+    assert per_marker_us < 5.0  # far above an inactive marker's cost, which leaves room for a busy machine
 
 
 # ---- markers ----------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Every recipe in ``configs/recipes/`` runs in smoke mode: the recipe as written (methods, optimizer, schedule,
 precision, loss), with synthetic data of the same kind, a small model of the same family and 1 batch: the whole
-recipe composes, compiles and takes a finite step. (A second batch compiled a second train step for the recipes
-whose shapes change, progressive resizing's: ~4 s of CPU each, 62 -> 50 s for the file; the composition table runs
-every method through stage changes, pairwise.)
+recipe composes, compiles and takes a finite step. (A second batch would compile a second train step for the
+recipes whose shapes change, progressive resizing's; the composition table runs every method through stage changes,
+pairwise.)
 
 What is shrunk is listed per model family in ``SMOKE``; everything else is the file's. The run must train through
 ``jaxcomposer.fit``, apply every method the recipe names, and end with finite evaluation metrics.
@@ -25,7 +25,7 @@ COMMON = ["max_duration=1ba", "eval_interval=1ba", "eval_subset_num_batches=1", 
           "data.synthetic_num_eval=8"]
 SMOKE = {  # model.name -> what makes it small
     # one stage of one block: the methods still find their layers (the stem max-pool for BlurPool, a bottleneck
-    # for StochasticDepth), and a cold compile of the Hot recipe takes ~20 s instead of ~65 s with four stages
+    # for StochasticDepth), and a cold compile of the Hot recipe takes a fraction of four stages' time
     "resnet": ["data.name=synthetic_images", "data.image_size=32", "data.eval_image_size=40",
                "data.synthetic_num_classes=10", "model.width=4", "model.layers=[1]"],
     "gpt2": ["data.name=synthetic_tokens", "data.seq_len=32", "data.synthetic_vocab_size=64", "model.d_model=32",

@@ -82,8 +82,8 @@ def test_mixers_conflict_by_declaration_not_by_name():
 
 @functools.cache
 def _pristine(name: str) -> nnx.Module:
-    # built once per worker and cloned for each use (~4 ms, where an eager build takes ~80 ms): the surgeries change
-    # the modules they are given in place
+    # built once per worker and cloned for each use (a clone is far cheaper than an eager build): the surgeries
+    # change the modules they are given in place
     if name == "resnet":
         return ResNetCIFAR(depth=8, width=4, num_classes=10, in_channels=1, dropout=0.2, rngs=nnx.Rngs(0))
     return GPT(vocab_size=32, seq_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.1, rngs=nnx.Rngs(0))
@@ -99,7 +99,7 @@ _SURGERY_MODELS = {
 
 # surgered models already traced on this worker, by what fixes the trace (below): most pairs change at most one of
 # the two models (BlurPool finds no convolution in the GPT, Alibi no attention in the ResNet), so most surgered
-# models recur, and each trace costs ~80 ms
+# models recur, and each trace is costly
 _TRACED: set = set()
 
 

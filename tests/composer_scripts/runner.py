@@ -1,6 +1,6 @@
 """Runs ported scripts one after another in this process, each in a fresh working directory, and prints one JSON
 line per script: ``{"name", "ok", "seconds", "error"}``. One process for all of them: each script would otherwise
-import JAX, torch and jaxcomposer again (~3.5 s of CPU apiece); scripts seed what they draw from, so their order
+import JAX, torch and jaxcomposer again, seconds of CPU apiece; scripts seed what they draw from, so their order
 does not matter.
 
 Usage: python tests/composer_scripts/runner.py WORKDIR SCRIPT.py [SCRIPT.py ...]

@@ -47,7 +47,7 @@ def test_hparams_as_text(tmp_path):
 
 
 def test_writing_scalars_does_not_import_torch(tmp_path):
-    """tensorboardX would import torch (4 s of start-up) only to name a type; a run that logs floats skips it, and
+    """tensorboardX would import torch (a slow start-up) only to name a type; a run that logs floats skips it, and
     torch stays importable afterwards."""
     import subprocess
     import sys

@@ -43,7 +43,7 @@ def read_records(path: Path) -> list:
 def read_finished_run(run_dir: Path, timeout_s: float = 60.0) -> list:
     """The records of the one offline run under ``run_dir``, once wandb's service has written its exit record:
     ``run.finish()`` returns when the service has the records, and the service's writer flushes the file moments
-    later (under load the file was read back holding its header only)."""
+    later (on a loaded machine a read can find its header only)."""
     import time
     deadline = time.monotonic() + timeout_s
     while True:

@@ -32,7 +32,7 @@ def _torch_params(module: torch.nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parameter counts
-# the sizes beyond these (ResNet-101/152, GPT-2 large/xl: 11 s of tracing) share the checked code; their table
+# the sizes beyond these (ResNet-101/152, GPT-2 large/xl: long traces) share the checked code; their table
 # rows are Composer's and torchvision's published counts
 @pytest.mark.parametrize("depth", [18, 34, 50])
 def test_resnet_param_counts_equal_torchvision(depth):
@@ -82,8 +82,8 @@ def _images(seed: int = 0, size: int = 32, batch: int = 2):
     return jnp.asarray(x), torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
-# The models run jitted: run eagerly, every op of the forward and backward passes is compiled on its own (a
-# ResNet's ~900 programs cost 37 s of CPU in the suite; one jitted program costs a few seconds)
+# The models run jitted: run eagerly, every op of the forward and backward passes is compiled on its own, hundreds
+# of programs per model against one
 _eval_forward = nnx.jit(lambda model, x: model(x, train=False))
 
 

@@ -27,7 +27,7 @@ def lm_task(**kw):
 
 
 def eval_forward(task, batch):
-    """Jitted eval forward: one compile is much cheaper than op-by-op eager dispatch on a busy 2-core box."""
+    """Jitted eval forward: one compile is much cheaper than op-by-op eager dispatch on a busy machine."""
     return jax.jit(lambda p, s, b: task.forward(p, s, b, train=False)[0])(task.params, task.state, batch)
 
 

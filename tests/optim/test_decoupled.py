@@ -31,8 +31,8 @@ def grad_at(step, p):
 
 @functools.lru_cache(maxsize=None)
 def run_case(kind, items):
-    """JAX trajectory for one optimizer config, cached: the numpy and torch comparisons share it (compiles are slow
-    on this 2-core machine)."""
+    """JAX trajectory for one optimizer config, cached: the numpy and torch comparisons share it (compiles are the
+    slow part)."""
     make = {"sgdw": DecoupledSGDW, "adamw": DecoupledAdamW}[kind]
     return run_jax(make(**dict(items)))
 

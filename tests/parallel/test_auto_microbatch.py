@@ -27,7 +27,7 @@ class ConvNet(nnx.Module):
         return self.head(x.mean(axis=(1, 2)))
 
 
-# 12x12 images: a step at 28x28 ran ~4x longer on CPU and the search only needs peaks that differ by size
+# 12x12 images: a step at 28x28 runs several times longer on CPU and the search only needs peaks that differ by size
 DATA = np.random.default_rng(0).normal(size=(128, 12, 12, 1)).astype(np.float32)
 TARGETS = np.random.default_rng(1).integers(0, 10, 128).astype(np.int32)
 

@@ -40,7 +40,7 @@ def assert_close_on_scale(got, want, tol, where=""):
 
 def to_jax(x):
     """Torch tensors as JAX arrays, also inside lists, tuples and dicts; anything else as it is. (A copy put on the
-    device: ``jnp.asarray`` of a numpy array compiles an identity program per new shape and dtype, ~30 ms each, and
+    device: ``jnp.asarray`` of a numpy array compiles an identity program per new shape and dtype, and
     ``device_put`` alone would alias the tensor's memory, which in-place torch ops write.)"""
     if isinstance(x, torch.Tensor):
         return jax.device_put(np.array(to_numpy(x)))
@@ -79,14 +79,14 @@ def run_lowering(op, args=(), kwargs=None, jit=True, **extra):
 class JitTable:
     """The rows of one op table, ``pytest.param(op, args, kwargs, ...)``, under a single ``jax.jit``.
 
-    A row's own jit costs ~0.1 s of XLA:CPU compile, most of an op test's time; one function that traces every row
+    A row's own jit costs an XLA:CPU compile, most of an op test's time; one function that traces every row
     compiles a table of hundreds of rows in seconds. Each row is traced on its own inside that function, so a row
     whose lowering fails to trace fails alone, with its own error; :meth:`run` hands a row its result (or raises
     that error). Built on first use, once per process.
 
     Eager runs are checked on the first row of each overload only (:meth:`checks_eagerly`): a lowering that works
     under jit and breaks eagerly does so on its code path, not on particular values, and eager dispatch compiles
-    every primitive on its own (an op table's eager runs cost 4-10x its one jit). Every row's values are checked
+    every primitive on its own (an op table's eager runs cost several times its one jit). Every row's values are checked
     under jit.
     """
 

@@ -35,7 +35,7 @@ class Net(ComposerModel):
         self.pool = nn.MaxPool2d(2)
         self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
         self.fc = nn.Linear(32, num_classes)
-        # imported here, not at the top: importing torchmetrics takes ~9 s, which every xdist worker would pay
+        # imported here, not at the top: importing torchmetrics is slow, and every xdist worker would pay it
         # while collecting the suite
         from torchmetrics import Accuracy
         self.train_accuracy = Accuracy(task="multiclass", num_classes=num_classes)

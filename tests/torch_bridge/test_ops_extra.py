@@ -191,7 +191,7 @@ for name, shape, pads in PADS:
 @functools.cache
 def _all_grads():
     """``[(jax_grads, torch_grads)]`` per gradient row, as ``grads_against_torch`` computes them, but with every
-    row's ``jax.grad`` inside one ``jax.jit`` (a jit per row costs ~0.3 s of XLA compile each)."""
+    row's ``jax.grad`` inside one ``jax.jit`` (a jit per row would cost an XLA compile each)."""
     first = lambda out: out[0] if isinstance(out, (tuple, list)) else out
     torch_grads, jax_inputs = [], []
     for p in GRAD_ROWS:

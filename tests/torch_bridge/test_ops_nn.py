@@ -66,7 +66,7 @@ _DEPTHWISE = [
 
 
 # the taps lowering on the two geometries that exercise all of it (strides, multiplier, dilation; each compile of
-# its unrolled taps with gradients costs 6-8 s)
+# its unrolled taps with gradients is slow)
 @pytest.mark.parametrize("shape,wshape,kw,impl", [(*c, "onednn") for c in _DEPTHWISE] +
                          [(*c, "taps") for c in _DEPTHWISE[1:3]])
 def test_depthwise_convolution_values_and_gradients(shape, wshape, kw, impl, monkeypatch):

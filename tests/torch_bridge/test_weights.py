@@ -52,7 +52,7 @@ def _inputs(case: str, seed: int = 0):
 
 def _init_nnx(model: nnx.Module, seed: int, case: str) -> None:
     """Random values for every variable, drawn with numpy (the native initializers compile one XLA program per
-    shape, ~2 s each on CPU, which would dominate this file). Biases and LN/BN scales get noise too, so a swapped
+    shape, which would dominate this file). Biases and LN/BN scales get noise too, so a swapped
     mapping cannot hide behind zeros and ones; BN running stats come from a few train-mode forwards."""
     rng = np.random.default_rng(seed)
     for path, var in nnx.to_flat_state(nnx.state(model)):

@@ -21,7 +21,7 @@ from tests.torch_bridge.zoo import ZOO, ConvBNReLU
 pytestmark = pytest.mark.xdist_group("test_zoo_parity")
 
 BATCH = 4
-# XLA:CPU compile time dominates these tests; LLVM at -O0 compiles 2-4x faster and is plenty for parity checks.
+# XLA:CPU compile time dominates these tests; LLVM at -O0 compiles several times faster and is plenty for parity.
 jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 
 
