@@ -17,9 +17,9 @@
 # # jaxcomposer quickstart
 #
 # The run of `configs/quickstart.yaml`, written out with the `Trainer`: a small ResNet on Fashion-MNIST with
-# label smoothing and EMA, a cosine schedule with warmup, and Composer's decoupled SGDW. On 2 CPU cores it reaches
-# about 91-92% test accuracy in about two minutes. The tests run this notebook with `JAXCOMPOSER_SMOKE=1`
-# (a few batches), so it stays executable.
+# label smoothing and EMA, a cosine schedule with warmup, and Composer's decoupled SGDW. It reaches about 91-92% test
+# accuracy (how long that takes on a CPU: `benchmarks/README.md`). The tests run this notebook with
+# `JAXCOMPOSER_SMOKE=1` (a few batches), so it stays executable.
 
 # %%
 import os
