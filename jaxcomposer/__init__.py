@@ -5,6 +5,7 @@ importing JAX; ``import jaxcomposer`` followed by ``jaxcomposer.Trainer`` or ``f
 work as with eager imports.
 """
 import importlib
+from typing import TYPE_CHECKING
 
 _HOMES = {  # public name -> the module that defines it
     "Algorithm": "jaxcomposer.core.algorithm",
@@ -29,6 +30,28 @@ _RENAMED = {"State": "RunState"}  # public name -> the name in its home module
 _TORCH_CLASSES = ("ComposerModel", "HuggingFaceModel")
 _SUBMODULES = ("algorithms", "callbacks", "core", "data", "functional", "loggers", "metrics", "models", "optim",
                "profiler", "trainer", "utils")
+
+if TYPE_CHECKING:  # the same names, as type checkers and IDEs see them (at run time: __getattr__ below)
+    from jaxcomposer.config import Config as Config, ConfigError as ConfigError, load_config as load_config
+    from jaxcomposer.core.algorithm import Algorithm as Algorithm
+    from jaxcomposer.core.evaluator import Evaluator as Evaluator
+    from jaxcomposer.core.events import Callback as Callback, Event as Event
+    from jaxcomposer.core.method import (Method as Method, ModelView as ModelView, PostStep as PostStep,
+                                         RunInfo as RunInfo, StepCtx as StepCtx, compose as compose)
+    from jaxcomposer.core.model import PureModel as PureModel, Task as Task, from_nnx as from_nnx
+    from jaxcomposer.core.precision import Precision as Precision
+    from jaxcomposer.core.run_state import RunState as RunState, RunState as State  # Composer's composer.State
+    from jaxcomposer.core.state import TrainState as TrainState
+    from jaxcomposer.core.time import Time as Time, TimeUnit as TimeUnit, Timestamp as Timestamp
+    from jaxcomposer.data.data_spec import DataSpec as DataSpec
+    from jaxcomposer.errors import ConfigurationError as ConfigurationError, JaxComposerError as JaxComposerError
+    from jaxcomposer.loggers.logger import Logger as Logger
+    from jaxcomposer.models.tasks import ComposerCausalLM as ComposerCausalLM, ComposerClassifier as ComposerClassifier
+    from jaxcomposer.runner import FitResult as FitResult, fit as fit
+    from jaxcomposer.trainer.trainer import Trainer as Trainer
+    from jaxcomposer import (algorithms as algorithms, callbacks as callbacks, core as core, data as data,
+                             functional as functional, loggers as loggers, metrics as metrics, models as models,
+                             optim as optim, profiler as profiler, trainer as trainer, utils as utils)
 
 __all__ = sorted([*_HOMES, *_SUBMODULES])  # (the torch classes are left out: `import *` must not import torch)
 __version__ = "0.1.0"

@@ -3,7 +3,8 @@
 One file per method holds its functional form, its factory, its method card (the module docstring) and its
 ``ENTRY`` (:class:`jaxcomposer.core.method.MethodEntry`). This package imports every such file and exports each
 factory and functional form under its own name, so ``from jaxcomposer.algorithms import MixUp`` works and a new
-method needs no edit here.
+method needs no edit here. Type checkers and IDEs read the same names from ``__init__.pyi``, which ``make stubs``
+writes from this registry (``tests/test_public_api.py`` fails while it is stale).
 """
 from __future__ import annotations
 
