@@ -76,7 +76,39 @@ def block_key(key: jax.Array | None, index: int, train: bool) -> jax.Array | Non
     return jax.random.fold_in(jax.random.fold_in(key, _BLOCK_KEY_TAG), index)
 
 
-class BasicBlock(nnx.Module):
+class ResidualBlock(nnx.Module):
+    """``relu(residual(x) + shortcut(x))``: the residual branch is the (conv, BN) pairs :meth:`branch` lists, with a
+    relu between pairs; the shortcut is the identity, or a 1x1 conv + BN projection when the shape changes
+    (:meth:`add_shortcut`). Subclasses build their layers and then call :meth:`add_shortcut`."""
+
+    def add_shortcut(self, cin: int, cout: int, stride: int, bn_momentum: float, rngs: nnx.Rngs, conv_fn) -> None:
+        if stride != 1 or cin != cout:
+            self.proj_conv = conv_layer(cin, cout, 1, stride, rngs, conv_fn)
+            self.proj_bn = batch_norm_layer(cout, bn_momentum, rngs)
+        else:
+            self.proj_conv = self.proj_bn = None
+
+    def branch(self) -> list[tuple[nnx.Conv, nnx.BatchNorm]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # The forward is split into its residual branch and its shortcut so that StochasticDepth's block subclass
+    # (jaxcomposer/algorithms/stochastic_depth.py) can drop or scale the branch alone.
+    def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
+        ura = not train
+        *inner, (last_conv, last_bn) = self.branch()
+        for conv, bn in inner:
+            x = jax.nn.relu(bn(conv(x), use_running_average=ura))
+        return last_bn(last_conv(x), use_running_average=ura)
+
+    def shortcut(self, x: jax.Array, *, train: bool) -> jax.Array:
+        return x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=not train)
+
+    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
+        del key  # a plain block is deterministic; the key is for stochastic subclasses (StochasticDepth)
+        return jax.nn.relu(self.residual(x, train=train) + self.shortcut(x, train=train))
+
+
+class BasicBlock(ResidualBlock):
     """``relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))`` with a projection shortcut when the shape changes."""
 
     def __init__(self, cin: int, cout: int, stride: int, bn_momentum: float, zero_init_residual: bool,
@@ -85,25 +117,10 @@ class BasicBlock(nnx.Module):
         self.bn1 = batch_norm_layer(cout, bn_momentum, rngs)
         self.conv2 = conv_layer(cout, cout, 3, 1, rngs, conv_fn)
         self.bn2 = batch_norm_layer(cout, bn_momentum, rngs, zero=zero_init_residual)
-        if stride != 1 or cin != cout:
-            self.proj_conv = conv_layer(cin, cout, 1, stride, rngs, conv_fn)
-            self.proj_bn = batch_norm_layer(cout, bn_momentum, rngs)
-        else:
-            self.proj_conv = self.proj_bn = None
+        self.add_shortcut(cin, cout, stride, bn_momentum, rngs, conv_fn)
 
-    # The forward is split into its residual branch and its shortcut so that StochasticDepth's block subclass
-    # (jaxcomposer/algorithms/stochastic_depth.py) can drop or scale the branch alone.
-    def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
-        ura = not train
-        y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=ura))
-        return self.bn2(self.conv2(y), use_running_average=ura)
-
-    def shortcut(self, x: jax.Array, *, train: bool) -> jax.Array:
-        return x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=not train)
-
-    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
-        del key  # a plain block is deterministic; the key is for stochastic subclasses (StochasticDepth)
-        return jax.nn.relu(self.residual(x, train=train) + self.shortcut(x, train=train))
+    def branch(self) -> list[tuple[nnx.Conv, nnx.BatchNorm]]:
+        return [(self.conv1, self.bn1), (self.conv2, self.bn2)]
 
 
 class ResNetCIFAR(nnx.Module):

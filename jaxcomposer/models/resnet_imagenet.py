@@ -22,7 +22,8 @@ from flax import nnx
 from jaxcomposer.models._keys import split_dropout_keys
 # the same torchvision-style conv (kaiming fan-out) and BatchNorm, and the residual blocks' keys
 from jaxcomposer.models.pooling import max_pool
-from jaxcomposer.models.resnet import BasicBlock, batch_norm_layer, conv_layer, block_key, conv_function
+from jaxcomposer.models.resnet import (BasicBlock, ResidualBlock, batch_norm_layer, block_key, conv_function,
+                                      conv_layer)
 
 EXPANSION = 4  # a bottleneck's output has 4x the channels of its 3x3 conv
 BLOCKS = ("basic", "bottleneck")
@@ -53,7 +54,7 @@ class MaxPool2d(nnx.Module):
         return max_pool(x, (1, k, k, 1), (1, s, s, 1), ((0, 0), (p, p), (p, p), (0, 0)))
 
 
-class Bottleneck(nnx.Module):
+class Bottleneck(ResidualBlock):
     """``relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))``, stride on ``conv2`` (3x3)."""
 
     def __init__(self, cin: int, planes: int, stride: int, bn_momentum: float, zero_init_residual: bool,
@@ -66,25 +67,10 @@ class Bottleneck(nnx.Module):
         self.conv3 = conv_layer(planes, cout, 1, 1, rngs, conv_fn)
         # zero_init_residual starts every block as the identity (Goyal et al. 2017), as torchvision's flag does
         self.bn3 = batch_norm_layer(cout, bn_momentum, rngs, zero=zero_init_residual)
-        if stride != 1 or cin != cout:
-            self.proj_conv = conv_layer(cin, cout, 1, stride, rngs, conv_fn)
-            self.proj_bn = batch_norm_layer(cout, bn_momentum, rngs)
-        else:
-            self.proj_conv = self.proj_bn = None
+        self.add_shortcut(cin, cout, stride, bn_momentum, rngs, conv_fn)
 
-    # Residual branch and shortcut apart, as resnet.BasicBlock's, for StochasticDepth's block subclass.
-    def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
-        ura = not train
-        y = jax.nn.relu(self.bn1(self.conv1(x), use_running_average=ura))
-        y = jax.nn.relu(self.bn2(self.conv2(y), use_running_average=ura))
-        return self.bn3(self.conv3(y), use_running_average=ura)
-
-    def shortcut(self, x: jax.Array, *, train: bool) -> jax.Array:
-        return x if self.proj_conv is None else self.proj_bn(self.proj_conv(x), use_running_average=not train)
-
-    def __call__(self, x: jax.Array, *, train: bool, key: jax.Array | None = None) -> jax.Array:
-        del key  # a plain block is deterministic; the key is for stochastic subclasses (StochasticDepth)
-        return jax.nn.relu(self.residual(x, train=train) + self.shortcut(x, train=train))
+    def branch(self) -> list[tuple[nnx.Conv, nnx.BatchNorm]]:
+        return [(self.conv1, self.bn1), (self.conv2, self.bn2), (self.conv3, self.bn3)]
 
 
 class ResNetImageNet(nnx.Module):
