@@ -8,7 +8,7 @@ interleaved rounds (NCHW, NHWC, NHWC, NCHW, ...) of ``--steps`` steps in this on
 (NCHW ms / NHWC ms: > 1, the default is faster), and the largest difference of the first step's loss (the two
 layouts compute the same function).
 
-Run:  .venv/bin/python benchmarks/bridge_layout.py            (~2 min on 2 cores)
+Run:  .venv/bin/python benchmarks/bridge_layout.py            (minutes)
       .venv/bin/python benchmarks/bridge_layout.py --smoke    (one model, a few steps)
 """
 from __future__ import annotations

@@ -22,8 +22,8 @@ same batches, yet their losses drift apart within a few steps at lr 0.2: checked
 the bridged fp32 gradients of this model are exact to ~1e-6 (relative) while torch's own fp32 CPU gradients are off
 by up to ~1e-2, so the drift is torch-side rounding, not a bridge error.
 
-Note: torch's OpenMP threads degrade badly on a machine whose cores are busy (seen: 30x slower eager steps with 2
-threads on a loaded 2-core box); the JSON records the load average; measure on a quiet machine.
+Note: torch's OpenMP threads degrade badly on a machine whose cores are busy (benchmarks/README.md); the JSON
+records the load average; measure on a quiet machine.
 
 Run:  .venv/bin/python benchmarks/bridge_speed.py            (full)
       .venv/bin/python benchmarks/bridge_speed.py --smoke    (a few steps, < 60 s)
@@ -92,7 +92,7 @@ class ChildTorchSide:
     """``TorchSide`` in a child process (this script with ``--torch-worker``), driven round by round over a pipe.
 
     In this process the bridged and native sides run the oneDNN kernels, whose thread keeps an OpenMP team; a torch
-    team here beside it makes libgomp sleep at every barrier on a 2-core machine, slowing all three sides
+    team here beside it makes libgomp sleep at every barrier on a machine with few cores, slowing all three sides
     (``torch_bridge/kernels/onednn_conv.cc``). The child builds the same module from the same seed, so it starts
     from the weights the bridge converted."""
 
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
                     help="from_torch(dynamic_batch=False) instead of the Trainer's default dynamic batch dim")
     ap.add_argument("--without-torch", action="store_true",
                     help="leave the torch side out: its OpenMP team on the main thread, beside the oneDNN kernels' "
-                         "own, slows both JAX sides on a 2-core machine (torch_bridge/kernels/onednn_conv.cc)")
+                         "own, slows both JAX sides on a machine with few cores (torch_bridge/kernels/onednn_conv.cc)")
     ap.add_argument("--smoke", action="store_true", help="a few steps per round, for checking the script")
     ap.add_argument("--out", default=None, help=f"default: benchmarks/results/{NAME}[.smoke].json")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)

@@ -22,9 +22,9 @@ one tensor (``.logits``, or ``.logits_per_image`` for CLIP), as ``tests/torch_br
   compiles, reported as ``jax_compile_s``) each side times single steps (JAX ones end with ``block_until_ready``)
   until ``--time-budget`` seconds or ``--max-steps`` steps; ``jax_step_ms`` / ``torch_step_ms`` are medians and
   ``speed_ratio = torch_ms / jax_ms`` (> 1: the bridge is faster). The torch step is timed again with one thread
-  (``torch_1t_step_ms``, ``speed_ratio_1t``): on a loaded 2-core machine torch's 2 OpenMP threads collapse (tiny
-  HF steps measured at 700-800 ms with 2 threads against ~6 ms with 1, in a process without JAX), so the 1-thread
-  column is the fairer eager baseline whenever the load average exceeds the core count.
+  (``torch_1t_step_ms``, ``speed_ratio_1t``): on a loaded machine torch's OpenMP threads collapse
+  (benchmarks/README.md), so the 1-thread column is the fairer eager baseline whenever the load average exceeds the
+  core count.
 
 Deliberate config choices: ``use_cache=False`` for decoders; Wav2Vec2 with ``mask_time_prob=0`` (its SpecAugment
 draws masks with numpy on the host, outside any graph), once with its default ``layerdrop=0.1`` (``hf_wav2vec2``: the

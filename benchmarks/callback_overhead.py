@@ -6,7 +6,7 @@ real model the same µs are a smaller share. A torch optimizer (``torch.optim.SG
 rule) is compared with ``jaxcomposer.optim.DecoupledSGDW`` on the same bridged torch MLP, and its write-back
 (``state_dict`` in torch's layout) is timed apart.
 
-Run:  .venv/bin/python benchmarks/callback_overhead.py            (full, a few minutes on 2 cores)
+Run:  .venv/bin/python benchmarks/callback_overhead.py            (full, a few minutes)
       .venv/bin/python benchmarks/callback_overhead.py --smoke    (seconds, for checking the script)
 """
 from __future__ import annotations

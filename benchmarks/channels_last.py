@@ -8,8 +8,7 @@ momentum, no weight decay, schedule or eval) from the same weights on the same b
 - ``nchw``: ``torch_bridge.from_torch(..., conv_layout='NCHW')``: ``lax.conv_general_dilated`` on NCHW/OIHW.
 - ``nhwc``: the same module after ``apply_channels_last`` (Composer's ``model.to(memory_format=channels_last)``),
   bridged with the default ``conv_layout='NHWC'``: activations stay NHWC between convolutions
-  (``torch_bridge.channels_last``). 12-04, 2 cores, 16 rounds: median per-round speed ratio nhwc/nchw 1.11; the
-  compiled step's transposes 102 -> 39 and copies 113 -> 48, all 26 convolutions channels-last in both.
+  (``torch_bridge.channels_last``). Results: benchmarks/README.md.
 
 The bridge's oneDNN convolutions (its default for float32 2-D convolutions on CPU, channels-last inside already)
 are switched off for both sides (``torch_bridge.kernels.available`` patched to False), so both run XLA's own

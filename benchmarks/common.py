@@ -31,7 +31,7 @@ def host_facts(**extra) -> dict:
         "python": platform.python_version(), "cpu": cpu_facts(),
         **{name: version(name) for name in ("jax", "jaxlib", "flax", "optax", "torch", "jaxcomposer")},
         "loadavg_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        # the allocator changes step times (jemalloc's default returns large blocks at once: 1.7x slower steps)
+        # the allocator changes step times (jemalloc's default returns large blocks to the system at once)
         "allocator": {name: os.environ.get(name) for name in ("LD_PRELOAD", "MALLOC_CONF")},
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }

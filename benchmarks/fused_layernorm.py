@@ -100,7 +100,7 @@ def main(argv=None):
               "what": "jitted forward + backward (jax.vjp w.r.t. input and params) of one LayerNorm: flax "
                       "nnx.LayerNorm (defaults, as GPT's) vs FusedLayerNormModule; interleaved rounds, median",
               "loadavg_before": load_before, "results": rows,
-              "machine": machine_facts(note="a shared 2-core machine: other engineers' jobs run alongside")}
+              "machine": machine_facts(note="other jobs may share the machine: see loadavg_before")}
     path = results_path("fused_layernorm", args.smoke, args.out)
     write_json(path, result)
     print(f"wrote {path}")

@@ -1026,7 +1026,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (3; smoke 1)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first, the first alone (5; smoke 1)")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default=None,
-                    help="bf16 (AMP) by default; fp32 with --cpu-smoke, whose XLA:CPU compiles it ~20%% faster")
+                    help="bf16 (AMP) by default; fp32 with --cpu-smoke, which XLA:CPU compiles faster")
     ap.add_argument("--attention", choices=("cudnn", "xla"), default="cudnn",
                     help="our GPT's attention on GPU with bf16 (elsewhere always xla)")
     ap.add_argument("--resnet-batch", type=int, default=None)

@@ -1,8 +1,8 @@
 """Which changes make the ResNet-8 workload reach 91% Fashion-MNIST test accuracy in fewer epochs?
 
 Issue 11 asks for a recipe that reaches 91% in <= 30 s of ``fit`` on 2 cores and 1.5x faster than its own
-baseline. At ~28 ms per batch of 128 (oneDNN convolutions, on par with torch's own step), 30 s including the
-compile is about 2 epochs, so the question is one of accuracy per epoch. This sweep trains the ResNet-8 model
+baseline. At the ResNet-8 step's CPU speed (``step_profile.py``), 30 s including the compile is about 2 epochs,
+so the question is one of accuracy per epoch. This sweep trains the ResNet-8 model
 (width 16, stride-2 stem) with one change at a time and records the final test accuracy (the schedule
 always ends at the given duration: cosine with 10% warmup) and, for each run, the accuracy with test-time flip
 averaging (mean of the logits of the image and its mirror).

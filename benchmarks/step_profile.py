@@ -185,8 +185,8 @@ def run_torch(model_name: str, model_kwargs: dict, lr: float, momentum: float, b
 
 def torch_in_child(args, model_name: str, model_kwargs: dict, lr: float, momentum: float, batch_size: int) -> dict:
     """The torch side in a child process: in a process where JAX has run the oneDNN convolutions, torch's OpenMP
-    team shares the machine with the kernels' own team, and on 2 cores libgomp then sleeps at every barrier (eager
-    steps ~1.7x slower, torch_bridge/kernels/onednn_conv.cc): measured in-process, torch would look slower than it is."""
+    team shares the machine with the kernels' own team, and on a machine with few cores libgomp then sleeps at every
+    barrier (torch_bridge/kernels/onednn_conv.cc): measured in-process, torch would look slower than it is."""
     import subprocess
     cmd = [sys.executable, __file__, "--torch-worker", "--config", str(args.config), "--steps", str(args.steps),
            "--rounds", str(args.rounds), "--top", str(args.top), "--torch-threads", str(args.torch_threads)]

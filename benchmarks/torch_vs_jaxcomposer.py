@@ -19,7 +19,7 @@ The sides run interleaved by epoch (torch's epoch 1, jaxcomposer's epoch 1, jaxc
 2, ...: who goes first alternates), so a machine whose speed drifts slows both alike; ``--seeds`` repeats the
 comparison and reports medians. Torch runs in a child process (this script with ``--torch-worker``), so while one
 side trains the other process sleeps on a pipe and neither runtime's threads compete with the other's (in one
-process torch's epochs after a JAX epoch ran up to 4x slower). Each side's wall time counts its own epochs only, from the start of
+process torch's epochs after a JAX epoch run much slower). Each side's wall time counts its own epochs only, from the start of
 its training (jaxcomposer: ``trainer.fit()``, so compile is included; the first step, i.e. mostly the compile, is
 also reported alone). The jaxcomposer side pauses after each evaluation and continues the same plan and compiled
 steps. The jaxcomposer side uses the config's persistent

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                       "median_trainer_images_per_s": round(statistics.median(tr), 1),
                       "median_hand_images_per_s": round(statistics.median(hd), 1),
                       "median_ratio": round(statistics.median(ratios), 4),
-                      # this machine's speed drifts between rounds: the spread of the paired ratios says how far
+                      # a shared machine's speed drifts between rounds: the spread of the paired ratios says how far
                       # the median can be trusted (geometric mean +- 2 standard errors)
                       "geomean_ratio_ci95": geomean_ci(ratios),
                       "within_goal": statistics.median(ratios) >= GOAL_RATIO}
