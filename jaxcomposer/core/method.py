@@ -164,6 +164,10 @@ class MethodEntry(NamedTuple):
     functional: tuple[Callable, ...] = ()
 
 
+# slots whose functions wrap the one before: folded in reverse, so the first-listed method is outermost
+WRAPPER_SLOTS = frozenset({"loss", "grad", "tx", "schedule"})
+
+
 def name_hash(name: str) -> int:
     """A stable (not Python's salted ``hash``) 31-bit number per name."""
     h = 0
@@ -203,47 +207,46 @@ class Composed:
         host = ctx.host.get(m.name) if isinstance(ctx.host, dict) else None
         return ctx._replace(key=key, stage=stage, host=host)
 
+    def fold(self, slot: str, x: Any, ctx: StepCtx, *,
+             own: Callable[[Method, StepCtx], StepCtx] | None = None) -> Any:
+        """``x`` passed through every method's ``slot`` function, ``x = f(x, own(m, ctx))`` (``own`` defaults to
+        :meth:`own`): in list order, or, for the wrapper slots (loss, grad, tx, schedule), in reverse, so that the
+        first-listed method's wrapper is outermost."""
+        own = self.own if own is None else own
+        for m, f in self._each(slot, reverse=slot in WRAPPER_SLOTS):
+            x = f(x, own(m, ctx))
+        return x
+
     def apply_model(self, task, ctx: StepCtx):
-        for m, f in self._each("model"):
-            task = f(task, self.own(m, ctx))
-        return task
+        return self.fold("model", task, ctx)
 
     def apply_batch(self, batch: dict, ctx: StepCtx) -> dict:
-        for m, f in self._each("batch"):
-            batch = f(batch, self.own(m, ctx))
-        return batch
+        return self.fold("batch", batch, ctx)
 
     def apply_data(self, batch: dict, ctx: StepCtx, seed_parts: tuple[int, ...]) -> dict:
         """Host-side data methods, in list order; each draws from its own numpy generator seeded by ``seed_parts``
         (run seed, epoch, batch in epoch) and its name, so a resumed run augments identically."""
-        for m, f in self._each("data"):
+        def own_with_generator(m: Method, ctx: StepCtx) -> StepCtx:
             seq = np.random.SeedSequence([*(int(p) for p in seed_parts), name_hash(m.name)])
-            batch = f(batch, self.own(m, ctx)._replace(key=np.random.default_rng(seq)))
-        return batch
+            return self.own(m, ctx)._replace(key=np.random.default_rng(seq))
+
+        return self.fold("data", batch, ctx, own=own_with_generator)
 
     @property
     def has_data(self) -> bool:
         return bool(self._each("data"))
 
     def wrap_loss(self, loss_fn: Callable, ctx: StepCtx) -> Callable:
-        for m, f in self._each("loss", reverse=True):
-            loss_fn = f(loss_fn, self.own(m, ctx))
-        return loss_fn
+        return self.fold("loss", loss_fn, ctx)
 
     def wrap_grad(self, grad_fn: Callable, ctx: StepCtx) -> Callable:
-        for m, f in self._each("grad", reverse=True):
-            grad_fn = f(grad_fn, self.own(m, ctx))
-        return grad_fn
+        return self.fold("grad", grad_fn, ctx)
 
     def wrap_tx(self, tx: optax.GradientTransformation, ctx: StepCtx) -> optax.GradientTransformation:
-        for m, f in self._each("tx", reverse=True):
-            tx = f(tx, self.own(m, ctx))
-        return tx
+        return self.fold("tx", tx, ctx)
 
     def wrap_schedule(self, alpha: Callable, ctx: StepCtx) -> Callable:
-        for m, f in self._each("schedule", reverse=True):
-            alpha = f(alpha, self.own(m, ctx))
-        return alpha
+        return self.fold("schedule", alpha, ctx)
 
     def init_extras(self, params, model_state, ctx: StepCtx) -> dict:
         return {m.name: p.init(params, model_state, self.own(m, ctx)) for m, p in self._each("post_step")}
