@@ -15,7 +15,7 @@ import jaxcomposer
 from jaxcomposer import stubs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TYPING = ROOT / "tests" / "typing"
+TYPING = ROOT / "tests" / "type_check"
 
 
 def test_the_generated_stubs_list_every_registered_method():

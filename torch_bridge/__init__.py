@@ -4,7 +4,12 @@
 every ATen op through the table in ``torch_bridge/ops`` and returns a :class:`BridgedModel` with flat
 ``params``/``buffers`` dicts and ``apply(params, buffers, key, *inputs, train=True) -> (outputs, new_buffers)``.
 """
-from .export import HostRandomnessWarning, UnsupportedOpError
+try:
+    import torch  # noqa: F401
+except ImportError as error:  # the package ships with jaxcomposer; PyTorch comes with its extra
+    raise ImportError("torch_bridge needs PyTorch; install it with `pip install jaxcomposer[torch]`") from error
+
+from .export import HostRandomnessWarning, UnsupportedOpError  # noqa: E402
 from .module import BridgedModel, from_torch
 from .composer_model import ComposerModel, HuggingFaceModel, TorchComposerTask
 

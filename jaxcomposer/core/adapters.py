@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any, Callable, Mapping, NamedTuple
 
 from jaxcomposer.errors import ConfigurationError
+from jaxcomposer.utils.extras import is_installed
 
 GROUP = "jaxcomposer.adapters"
 
@@ -81,7 +82,9 @@ class Adapter(NamedTuple):
 
 @functools.cache
 def _entry_points() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+    """The adapters whose framework is installed: ``pip install jaxcomposer`` declares the torch adapter whether
+    or not torch came with it (``jaxcomposer[torch]``)."""
+    return {ep.name: ep for ep in metadata.entry_points(group=GROUP) if is_installed(ep.name)}
 
 
 @functools.cache
@@ -146,7 +149,7 @@ def kernel(framework: str, name: str, *, wanted_by: str) -> Callable:
     """
     if framework not in _entry_points():
         raise ConfigurationError(f"{wanted_by}: needs the {framework!r} adapter (entry point group {GROUP!r}), which "
-                                 f"is not installed; install jaxcomposer with its torch bridge, or choose another "
+                                 f"is not installed; `pip install jaxcomposer[{framework}]`, or choose another "
                                  f"implementation.")
     provided = _load(framework).kernels
     if name not in provided:
@@ -180,7 +183,7 @@ def framework_class(framework: str, name: str, *, wanted_by: str) -> Any:
     """The class ``name`` that ``framework``'s adapter provides (loading it, and so the framework)."""
     if framework not in _entry_points():
         raise ImportError(f"{wanted_by} is a {framework} class: it needs the {framework!r} adapter (entry point "
-                          f"group {GROUP!r}), which is not installed; install jaxcomposer with its torch bridge")
+                          f"group {GROUP!r}), which is not installed; `pip install jaxcomposer[{framework}]`")
     classes = _load(framework).classes
     if name not in classes:
         raise ImportError(f"{wanted_by}: the {framework!r} adapter provides no class {name!r}; it has {sorted(classes)}")

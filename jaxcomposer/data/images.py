@@ -34,6 +34,7 @@ from PIL import Image
 from jaxcomposer.data.loader import Batch, IndexedLoader, Transform, derive_seed
 from jaxcomposer.data.tfds_adapter import get_many, open_tfds_source
 from jaxcomposer.errors import DataError, DatasetNotFoundError
+from jaxcomposer.utils.extras import optional_import
 
 # torchvision's ImageNet statistics, for pixels scaled to [0, 1] (``normalize_images(x, IMAGENET_MEAN, ...)``).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -131,7 +132,8 @@ class TFDSImageSource:
 
     def __init__(self, name: str, split: str, data_dir: str | os.PathLike | None,
                  image_key: str = "image", label_key: str = "label"):
-        import tensorflow_datasets as tfds  # optional dependency, imported only when used
+        tfds = optional_import("tensorflow_datasets", needed_by=f"the TFDS dataset {name!r}",
+                               package="tensorflow-datasets", extra="tfds")
 
         self.source, builder = open_tfds_source(name, split, data_dir,
                                                 decoders={image_key: tfds.decode.SkipDecoding()})

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from jaxcomposer.errors import DatasetNotFoundError
+from jaxcomposer.utils.extras import optional_import
 
 RECORDS_PER_FETCH = 4096  # records fetched per __getitems__ call: bounded temporary memory, few Python round trips
 
@@ -32,7 +33,8 @@ def open_tfds_source(name: str, split: str, data_dir: str | os.PathLike | None, 
     ``decoders`` is TFDS's (``{'image': tfds.decode.SkipDecoding()}`` keeps encoded bytes). Nothing is downloaded:
     an unprepared dataset raises ``DatasetNotFoundError`` saying where it was looked for.
     """
-    import tensorflow_datasets as tfds  # optional dependency, imported only when used
+    tfds = optional_import("tensorflow_datasets", needed_by=f"the TFDS dataset {name!r}",
+                           package="tensorflow-datasets", extra="tfds")
 
     builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 import math
 from typing import Any, Callable, Iterable, Mapping
 
@@ -114,17 +113,6 @@ class Logger:
         compiled step, so nothing in the library emits traces; the call exists for user code that does."""
         for d in self.destinations:
             d.log_traces(traces)
-
-
-def optional_import(module: str, *, needed_by: str, package: str, extra: str | None = None):
-    """Import a backend's module, or raise an ImportError that says what installs it (our extra, when it has one)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        how = f"`pip install {package}`"
-        if extra:
-            how = f"`pip install jaxcomposer[{extra}]` (or {how})"
-        raise ImportError(f"{needed_by} needs {package}; install it with {how}.") from e
 
 
 def is_ready(value: Any) -> bool:

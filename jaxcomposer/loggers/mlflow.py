@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics
+from jaxcomposer.utils.extras import optional_import
 
 __all__ = ["MLFlowLogger"]
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from jaxcomposer.loggers.jsonl import read_jsonl
 from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.utils.extras import optional_import
 
 __all__ = ["PlotLogger"]
 
@@ -70,10 +71,10 @@ class PlotLogger(LoggerDestination):
 
     def save(self, title: str = "") -> Path:
         """Draw and write the PNG now; returns its path."""
+        figure = optional_import("matplotlib.figure", needed_by="PlotLogger", package="matplotlib", extra="plots")
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(11, 4.2), dpi=self.dpi)
+        fig = figure.Figure(figsize=(11, 4.2), dpi=self.dpi)
         FigureCanvasAgg(fig)
         ax_loss, ax_eval = fig.subplots(1, 2)
         loss = self.series.get(self.loss_key, [])

@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any, Mapping
 
-from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics
+from jaxcomposer.utils.extras import optional_import
 
 __all__ = ["TensorboardLogger"]
 

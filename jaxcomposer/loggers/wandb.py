@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics, optional_import
+from jaxcomposer.loggers.logger import FlushingDestination, PendingMetrics
+from jaxcomposer.utils.extras import optional_import
 
 __all__ = ["WandBLogger"]
 

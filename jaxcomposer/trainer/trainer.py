@@ -46,6 +46,7 @@ from jaxcomposer.trainer.lr_table import HostLRTable
 from jaxcomposer.trainer.nonfinite import NonFiniteChecks
 from jaxcomposer.trainer.preemption import PreemptionGuard
 from jaxcomposer.utils import reproducibility
+from jaxcomposer.utils.extras import how_to_install, is_installed
 
 _MICROBATCH_EVENTS = (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
                       Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD)
@@ -253,8 +254,12 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         if a.log_to_console:
             loggers.append(ConsoleLogger(log_interval=a.console_log_interval, stream=a.console_stream))
         if self.run_dir is not None:  # file loggers create the directory at their first write, not now
-            loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard"),
-                        PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl")]
+            loggers += [JSONLLogger(self.run_dir / "metrics.jsonl"), TensorboardLogger(self.run_dir / "tensorboard")]
+            if is_installed("matplotlib"):
+                loggers.append(PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl"))
+            else:
+                warnings.warn(f"run_dir: no metrics.png without matplotlib; install it with "
+                              f"{how_to_install('matplotlib', 'plots')}", RuntimeWarning, stacklevel=2)
         self.logger = Logger(loggers)
         self.nonfinite_checks = NonFiniteChecks(a.nonfinite, a.nonfinite_max_skips, self.logger)
         self.callbacks: list = callbacks + loggers
