@@ -35,6 +35,7 @@ facts only through the ctx or their own state, never through closures.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import jax
@@ -217,11 +218,9 @@ class Composed:
             x = f(x, own(m, ctx))
         return x
 
-    def apply_model(self, task, ctx: StepCtx):
-        return self.fold("model", task, ctx)
-
-    def apply_batch(self, batch: dict, ctx: StepCtx) -> dict:
-        return self.fold("batch", batch, ctx)
+    # partialmethods, not wrapper functions: no frame of their own, so a slot's warnings keep their stacklevel
+    apply_model = functools.partialmethod(fold, "model")
+    apply_batch = functools.partialmethod(fold, "batch")
 
     def apply_data(self, batch: dict, ctx: StepCtx, seed_parts: tuple[int, ...]) -> dict:
         """Host-side data methods, in list order; each draws from its own numpy generator seeded by ``seed_parts``
@@ -236,17 +235,10 @@ class Composed:
     def has_data(self) -> bool:
         return bool(self._each("data"))
 
-    def wrap_loss(self, loss_fn: Callable, ctx: StepCtx) -> Callable:
-        return self.fold("loss", loss_fn, ctx)
-
-    def wrap_grad(self, grad_fn: Callable, ctx: StepCtx) -> Callable:
-        return self.fold("grad", grad_fn, ctx)
-
-    def wrap_tx(self, tx: optax.GradientTransformation, ctx: StepCtx) -> optax.GradientTransformation:
-        return self.fold("tx", tx, ctx)
-
-    def wrap_schedule(self, alpha: Callable, ctx: StepCtx) -> Callable:
-        return self.fold("schedule", alpha, ctx)
+    wrap_loss = functools.partialmethod(fold, "loss")
+    wrap_grad = functools.partialmethod(fold, "grad")
+    wrap_tx = functools.partialmethod(fold, "tx")
+    wrap_schedule = functools.partialmethod(fold, "schedule")
 
     def init_extras(self, params, model_state, ctx: StepCtx) -> dict:
         return {m.name: p.init(params, model_state, self.own(m, ctx)) for m, p in self._each("post_step")}
