@@ -41,9 +41,9 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcomposer.algorithms.low_precision_norm import (apply_low_precision_norm, canonical_axes, check_apply_at,
-                                                       low_precision_operands, norm_stats, normalize, run_precision,
-                                                       share_affine)
+from jaxcomposer.algorithms.low_precision_norm import (LowPrecisionNorm, apply_low_precision_norm, canonical_axes,
+                                                       low_precision_norm_method, low_precision_operands, norm_stats,
+                                                       normalize, share_affine)
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["LowPrecisionGroupNorm", "LPGroupNorm", "apply_low_precision_groupnorm"]
@@ -78,28 +78,19 @@ class LPGroupNorm(nnx.GroupNorm):
         return normalize(x, mean, var, scale, bias, axes[:-1], (self.feature_axis,), low, self.epsilon)
 
 
-def _apply(model: Any, precision: Any, inplace: bool, stacklevel: int):
-    return apply_low_precision_norm(model, precision, method="LowPrecisionGroupNorm", norm_name="GroupNorm",
-                                    nnx_types=(nnx.GroupNorm, LPGroupNorm), convert=LPGroupNorm.from_group_norm,
-                                    inplace=inplace, stacklevel=stacklevel)
+GROUP_NORM = LowPrecisionNorm("GroupNorm", nnx.GroupNorm, LPGroupNorm, LPGroupNorm.from_group_norm)
 
 
 def apply_low_precision_groupnorm(model: Any, precision: str | None = None, *, inplace: bool | None = None):
     """Composer's ``apply_low_precision_groupnorm(model, precision=None)``: without ``'amp_fp16'`` or
     ``'amp_bf16'`` it warns and returns ``model`` unchanged. A torch module is edited in place and returned; an NNX
     module is cloned and the new model returned unless ``inplace=True``."""
-    return _apply(model, precision, bool(inplace), stacklevel=4)
+    return apply_low_precision_norm(model, precision, GROUP_NORM, inplace=bool(inplace), stacklevel=3)
 
 
 def LowPrecisionGroupNorm(apply_at: str = "init") -> Method:
     """Composer's ``LowPrecisionGroupNorm(apply_at=Event.INIT)`` as a :class:`Method` (``model`` slot)."""
-    check_apply_at("LowPrecisionGroupNorm", apply_at)
-
-    def model_fn(task, ctx):  # in place, as Composer
-        return task.with_model(_apply(task.source, run_precision(ctx), True, stacklevel=5))
-
-    return Method(name="LowPrecisionGroupNorm", model=model_fn,
-                  description=f"LowPrecisionGroupNorm(apply_at={apply_at!r})")
+    return low_precision_norm_method(GROUP_NORM, apply_at)
 
 
 ENTRY = MethodEntry(registry_name="low_precision_groupnorm", factory=LowPrecisionGroupNorm,

@@ -52,8 +52,9 @@ from typing import Any
 
 from flax import nnx
 
-from jaxcomposer.algorithms.low_precision_norm import (LAST, apply_low_precision_norm, check_apply_at, layer_norm_as,
-                                                       low_precision_operands, norm_stats, normalize, run_precision)
+from jaxcomposer.algorithms.low_precision_norm import (LAST, LowPrecisionNorm, apply_low_precision_norm, layer_norm_as,
+                                                       low_precision_norm_method, low_precision_operands, norm_stats,
+                                                       normalize)
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "apply_low_precision_layernorm", "LAST"]
@@ -76,29 +77,20 @@ class LPLayerNorm(nnx.LayerNorm):
         return normalize(x, mean, var, scale, bias, self.reduction_axes, self.feature_axes, low, self.epsilon)
 
 
-def _apply(model: Any, precision: Any, inplace: bool, stacklevel: int):
-    return apply_low_precision_norm(model, precision, method="LowPrecisionLayerNorm", norm_name="LayerNorm",
-                                    nnx_types=(nnx.LayerNorm, LPLayerNorm), convert=LPLayerNorm.from_layer_norm,
-                                    inplace=inplace, stacklevel=stacklevel)
+LAYER_NORM = LowPrecisionNorm("LayerNorm", nnx.LayerNorm, LPLayerNorm, LPLayerNorm.from_layer_norm, order=LAST)
 
 
 def apply_low_precision_layernorm(model: Any, precision: str | None = None, *, inplace: bool | None = None):
     """Composer's ``apply_low_precision_layernorm(model, precision=None)``: without ``'amp_fp16'`` or
     ``'amp_bf16'`` it warns and returns ``model`` unchanged. A torch module is edited in place and returned; an NNX
     module is cloned and the new model returned unless ``inplace=True``."""
-    return _apply(model, precision, bool(inplace), stacklevel=4)
+    return apply_low_precision_norm(model, precision, LAYER_NORM, inplace=bool(inplace), stacklevel=3)
 
 
 def LowPrecisionLayerNorm(apply_at: str = "init") -> Method:
     """Composer's ``LowPrecisionLayerNorm(apply_at=Event.INIT)`` as a :class:`Method` (``model`` slot), sorted
     after every other method."""
-    check_apply_at("LowPrecisionLayerNorm", apply_at)
-
-    def model_fn(task, ctx):  # in place, as Composer
-        return task.with_model(_apply(task.source, run_precision(ctx), True, stacklevel=5))
-
-    return Method(name="LowPrecisionLayerNorm", model=model_fn, order=LAST,
-                  description=f"LowPrecisionLayerNorm(apply_at={apply_at!r})")
+    return low_precision_norm_method(LAYER_NORM, apply_at)
 
 
 ENTRY = MethodEntry(registry_name="low_precision_layernorm", factory=LowPrecisionLayerNorm,

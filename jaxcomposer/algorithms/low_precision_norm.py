@@ -10,7 +10,7 @@ layers bit-identical to flax's in float32.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +19,12 @@ from flax import nnx
 
 from jaxcomposer.errors import NoEffectWarning
 from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
+from jaxcomposer.core.method import Method
 
 __all__ = ["LAST", "LOW_PRECISIONS", "APPLY_AT", "UNKNOWN_PRECISION", "run_precision", "compute_dtype",
            "scale_and_bias", "cast_or_none", "low_precision_operands", "layer_norm_as", "share_affine",
-           "replace_norms", "check_apply_at", "apply_low_precision_norm", "canonical_axes", "norm_stats", "normalize"]
+           "replace_norms", "check_apply_at", "LowPrecisionNorm", "apply_low_precision_norm",
+           "low_precision_norm_method", "canonical_axes", "norm_stats", "normalize"]
 
 LAST = 1_000  # Method.order that sorts after every other method (Composer's sort_low_precision_layernorm_last)
 LOW_PRECISIONS = ("amp_fp16", "amp_bf16")
@@ -99,20 +101,50 @@ def check_apply_at(where: str, apply_at: Any) -> str:
     return value
 
 
-def apply_low_precision_norm(model: Any, precision: Any, *, method: str, norm_name: str, nnx_types: tuple,
-                             convert: Callable, inplace: bool, stacklevel: int):
-    """The shared body of the two functional forms: Composer's precision check, the NNX or torch surgery and its
-    warnings."""
+class LowPrecisionNorm(NamedTuple):
+    """One low-precision norm method: the norm it replaces (``norm_name``, Composer's spelling: ``"LayerNorm"``), the
+    flax class of that norm, its low-precision subclass and ``convert(norm) -> low-precision norm``, and the
+    method's ``order``. The method's name, ``LowPrecision<norm_name>``, is also its torch surgery's."""
+
+    norm_name: str
+    nnx_type: type
+    lp_type: type
+    convert: Callable[[nnx.Module], nnx.Module]
+    order: int = 0
+
+    @property
+    def method_name(self) -> str:
+        return f"LowPrecision{self.norm_name}"
+
+
+def apply_low_precision_norm(model: Any, precision: Any, norm: LowPrecisionNorm, *, inplace: bool, stacklevel: int):
+    """The shared body of the two functional forms and methods: Composer's precision check, the NNX or torch surgery
+    and its warnings."""
     if precision is not UNKNOWN_PRECISION and getattr(precision, "value", precision) not in LOW_PRECISIONS:
-        warnings.warn(NoEffectWarning(f"Low Precision {norm_name} only applies to AMP_FP16 and AMP_BF16 precisions "
-                                      f"(got precision={precision!r})."), stacklevel=stacklevel)
+        warnings.warn(NoEffectWarning(f"Low Precision {norm.norm_name} only applies to AMP_FP16 and AMP_BF16 "
+                                      f"precisions (got precision={precision!r})."), stacklevel=stacklevel)
         return model
-    new, n = apply_surgery(method, model, lambda m: replace_norms(m, *nnx_types, convert, inplace),
-                           who=f"apply_low_precision_{norm_name.lower()}")
+    new, n = apply_surgery(norm.method_name, model,
+                           lambda m: replace_norms(m, norm.nnx_type, norm.lp_type, norm.convert, inplace),
+                           who=f"apply_low_precision_{norm.norm_name.lower()}")
     if n == 0:
-        warnings.warn(NoEffectWarning(f"No instances of {norm_name} (nnx.{norm_name} / torch.nn.{norm_name}) found "
+        name = norm.norm_name
+        warnings.warn(NoEffectWarning(f"No instances of {name} (nnx.{name} / torch.nn.{name}) found "
                                       f"in {type(model).__name__}."), stacklevel=stacklevel)
     return new
+
+
+def low_precision_norm_method(norm: LowPrecisionNorm, apply_at: Any) -> Method:
+    """Composer's ``LowPrecision<norm>(apply_at=Event.INIT)`` as a :class:`Method` (``model`` slot): the surgery
+    in place, as Composer's."""
+    check_apply_at(norm.method_name, apply_at)
+
+    def model_fn(task, ctx):
+        return task.with_model(apply_low_precision_norm(task.source, run_precision(ctx), norm, inplace=True,
+                                                        stacklevel=4))
+
+    return Method(name=norm.method_name, model=model_fn, order=norm.order,
+                  description=f"{norm.method_name}(apply_at={apply_at!r})")
 
 
 def canonical_axes(rank: int, axes: int | Sequence[int]) -> tuple[int, ...]:

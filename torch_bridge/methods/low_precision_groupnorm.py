@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch
-from torch_bridge.surgery import copy_affine
+from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch, to_low_precision
 
 
 class LPGroupNorm(nn.GroupNorm):
@@ -22,11 +21,8 @@ class LPGroupNorm(nn.GroupNorm):
 
 def to_lp_groupnorm(layer: nn.Module, module_index: int) -> LPGroupNorm:
     """Composer's ``_to_LPGroupNorm``: same groups, channels, eps and affine, the weights copied."""
-    if not isinstance(layer, nn.GroupNorm):
-        raise TypeError(f"LowPrecisionGroupNorm: expected torch.nn.GroupNorm, got {type(layer).__name__}")
-    new = LPGroupNorm(layer.num_groups, layer.num_channels, layer.eps, layer.affine,
-                      device=layer.weight.device if layer.weight is not None else None)
-    return copy_affine(layer, new)
+    return to_low_precision(layer, nn.GroupNorm, "LowPrecisionGroupNorm", lambda norm, device: LPGroupNorm(
+        norm.num_groups, norm.num_channels, norm.eps, norm.affine, device=device))
 
 
 def apply_low_precision_groupnorm_torch(model: nn.Module):

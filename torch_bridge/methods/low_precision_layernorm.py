@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch
-from torch_bridge.surgery import copy_affine
+from torch_bridge.methods.low_precision_norm import norm_in_autocast_dtype, replace_norms_torch, to_low_precision
 
 
 class LPLayerNorm(nn.LayerNorm):
@@ -24,11 +23,8 @@ class LPLayerNorm(nn.LayerNorm):
 
 def to_lp_layernorm(layer: nn.Module, module_index: int) -> LPLayerNorm:
     """Composer's ``_to_LPLayerNorm``: same shape and settings, the weights copied."""
-    if not isinstance(layer, nn.LayerNorm):
-        raise TypeError(f"LowPrecisionLayerNorm: expected torch.nn.LayerNorm, got {type(layer).__name__}")
-    new = LPLayerNorm(layer.normalized_shape, layer.eps, layer.elementwise_affine, bias=layer.bias is not None,
-                      device=layer.weight.device if layer.weight is not None else None)
-    return copy_affine(layer, new)
+    return to_low_precision(layer, nn.LayerNorm, "LowPrecisionLayerNorm", lambda norm, device: LPLayerNorm(
+        norm.normalized_shape, norm.eps, norm.elementwise_affine, bias=norm.bias is not None, device=device))
 
 
 def apply_low_precision_layernorm_torch(model: nn.Module):

@@ -1,6 +1,6 @@
 """What the torch surgeries of LowPrecisionLayerNorm and LowPrecisionGroupNorm share: Composer's cast to the
-autocast dtype, the forward that runs the norm with autocast off, and the in-place replacement. It registers no
-surgery of its own.
+autocast dtype, the forward that runs the norm with autocast off, the conversion of one layer and the in-place
+replacement. It registers no surgery of its own.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from torch_bridge.surgery import count_module_instances, replace_module_classes
+from torch_bridge.surgery import copy_affine, count_module_instances, replace_module_classes
 
 
 def cast_if_autocast_enabled(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -27,6 +27,16 @@ def norm_in_autocast_dtype(functional_norm: Callable, x: torch.Tensor, shape_or_
     x, weight, bias = (cast_if_autocast_enabled(t) for t in (x, weight, bias))
     with torch.autocast(enabled=False, device_type=x.device.type):
         return functional_norm(x, shape_or_groups, weight, bias, eps)
+
+
+def to_low_precision(layer: nn.Module, norm_type: type, method: str,
+                     build: Callable[[nn.Module, torch.device | None], nn.Module]) -> nn.Module:
+    """Composer's ``_to_LP*``: ``build(layer, device)`` (the low-precision layer with ``layer``'s settings, on its
+    weights' device) with ``layer``'s weights copied; a TypeError naming ``method`` when ``layer`` is not a
+    ``norm_type``."""
+    if not isinstance(layer, norm_type):
+        raise TypeError(f"{method}: expected torch.nn.{norm_type.__name__}, got {type(layer).__name__}")
+    return copy_affine(layer, build(layer, layer.weight.device if layer.weight is not None else None))
 
 
 def replace_norms_torch(model: nn.Module, norm_type: type, lp_type: type,
