@@ -116,25 +116,9 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
                                      "(as in Composer), so pass schedulers=... too.")
         max_duration = None if a.max_duration is None else \
             plan.scale_duration(options.parse_duration(a.max_duration, "max_duration"), a.scale_schedule_ratio)
-        # users' Composer Algorithms (match/apply) run through one engine, a Method among the built-in ones
         user_algorithms = list(algorithms) if isinstance(algorithms, (list, tuple)) else \
             [] if algorithms is None else [algorithms]
-        custom = [alg for alg in user_algorithms if is_algorithm(alg) and not isinstance(alg, Method)]
-        self.engine = None
-        if algorithm_passes is not None and not custom:
-            raise ConfigurationError("algorithm_passes: given, but algorithms holds no Composer Algorithm (match/"
-                                     "apply) for them to order; the built-in methods order themselves (their order)")
-        if custom:
-            if a.steps_per_execution > 1:
-                raise ConfigurationError(
-                    f"steps_per_execution: {a.steps_per_execution} trains several batches per call, but algorithms "
-                    "holds Composer Algorithms, whose match is asked before every batch; use steps_per_execution=1")
-            self.engine = AlgorithmEngine(custom, pair_batches=False, passes=algorithm_passes,
-                                          methods=tuple(alg for alg in user_algorithms if isinstance(alg, Method)))
-            # the engine's Method takes the first user algorithm's place; anything else stays for compose to check
-            first = next(i for i, alg in enumerate(user_algorithms) if alg is custom[0])
-            others = lambda part: [alg for alg in part if all(alg is not c for c in custom)]  # noqa: E731
-            algorithms = others(user_algorithms[:first]) + [self.engine.method()] + others(user_algorithms[first:])
+        self.engine, algorithms = _algorithm_engine(user_algorithms, algorithm_passes, a.steps_per_execution)
         self.composed = compose(algorithms)  # raises on method conflicts
         self.seed = a.seed if a.seed is not None else random.randrange(2**31)
         # as Composer's Trainer: the user's own draws (a torch DataLoader's shuffle) repeat with the seed
@@ -165,6 +149,44 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         self.device_memory_bytes = a.device_memory_bytes
         self.scale_schedule_ratio = a.scale_schedule_ratio
 
+        self._attach_optimizer(optimizers, schedulers, foreign, model.user_model, a)
+        self._host_lr = 1.0
+        self.task = model  # (the plan may count tokens with it; surgery below replaces it)
+        self._replan(max_duration)
+        # surgery first: on a torch module it runs before export (and a torch optimizer follows it to the new layers)
+        surgery = getattr(self._foreign_optimizer, "surgery", None)
+        if surgery is not None:
+            surgery.before(model.user_model)
+        self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
+        if surgery is not None:
+            surgery.after(self.task.user_model)
+        self._check_task_metrics(a.compute_training_metrics)
+        self._bind_task()
+        self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
+            lambda: param_use_order(self.task.forward, self.task.params, self.task.state,
+                                    self._model_batch(self._example_batch())))
+        self.model_view = ModelView(param_order=self.param_order,
+                                    param_layout="torch" if self.task.pure.bridged is not None else "flax")
+
+        self._attach_callbacks(callbacks, loggers, a, profiler)
+
+        state, timestamp = self._starting_state(a, resume_step, load_dir)
+        self._last_saved = timestamp.batch if resume_step is not None else None
+        self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
+                              train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
+                              optimizers=[self.user_optimizer], schedulers=user_schedulers, seed=self.seed,
+                              precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
+                              algorithms=user_algorithms,
+                              device_train_microbatch_size=a.device_train_microbatch_size,
+                              sync_model=self._synced_model, profiler=profiler, task=self.task,
+                              train_metric_objects=self._train_metrics or None)
+        self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
+        self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
+        self._fire(Event.INIT)
+
+    def _attach_optimizer(self, optimizers: Any, schedulers: list, foreign: list, user_model: Any, a: Any) -> None:
+        """The optimizer (Composer's default, an optax one, or a torch one translated) and the schedulers: ours
+        compile into the step, the others are asked on the host (``foreign``: the torch ones, by their index)."""
         if isinstance(optimizers, (list, tuple)) and not hasattr(optimizers, "update"):  # Composer: [opt]
             if len(optimizers) != 1:
                 raise ConfigurationError(f"optimizers: exactly one optimizer is supported (as in Composer), got "
@@ -173,7 +195,7 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         self.user_optimizer = optimizers if optimizers is not None else DecoupledSGDW(lr=0.1)  # Composer's default
         # a torch optimizer (built on model.parameters()) is translated to torch's own update rule; it is checked
         # now, bound to the converted model's params after export, and holds the run's state after fit
-        self.optimizer, self._foreign_optimizer = _translate_optimizer(self.user_optimizer, model.user_model)
+        self.optimizer, self._foreign_optimizer = _translate_optimizer(self.user_optimizer, user_model)
         self.base_lr = getattr(self.optimizer, "lr", None)
         # ours compile into the step; Composer-style functions of the run state are called on the host each batch;
         # torch LR schedulers step on the host (each epoch, or each batch) and their LR multiplies the step's
@@ -193,35 +215,11 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
                 f"{len(self.host_schedulers) + len(self.torch_schedulers)} scheduler(s) are Composer-style functions "
                 "or torch schedulers, which the host asks before every batch; use steps_per_execution=1, or "
                 "jaxcomposer.optim's schedulers (compiled into the step).")
-        self._host_lr = 1.0
-        self.task = model  # (the plan may count tokens with it; surgery below replaces it)
-        self._replan(max_duration)
-        # surgery first: on a torch module it runs before export (and a torch optimizer follows it to the new layers)
-        surgery = getattr(self._foreign_optimizer, "surgery", None)
-        if surgery is not None:
-            surgery.before(model.user_model)
-        self.task = self.composed.apply_model(model, StepCtx(step=0, run=self.run_info))
-        if surgery is not None:
-            surgery.after(self.task.user_model)
-        # checked now, before anything compiles; a task whose metrics live on the host (a torch ComposerModel's
-        # torchmetrics) has none here
-        self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
-            self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
-        # Composer's compute_training_metrics: the task's train metrics, summed in the step, computed per epoch
-        self._train_metrics = {}
-        if a.compute_training_metrics:
-            if hasattr(self.task, "host_metrics"):
-                raise ConfigurationError(
-                    f"compute_training_metrics: {type(self.task.user_model).__name__}'s metrics are torchmetrics "
-                    "objects, updated on the host, and the train step's outputs stay on the device; evaluate on "
-                    "training data instead (eval_dataloader=[Evaluator(label='train', dataloader=...), ...]), or use "
-                    "jaxcomposer.metrics in get_metrics")
-            self._train_metrics = check_metrics(self.task.get_metrics(is_train=True),
-                                                f"{type(self.task).__name__}.get_metrics(is_train=True)")
-        metric_names = list(self.task.host_metrics().metrics) if hasattr(self.task, "host_metrics") \
-            else list(self._eval_metrics)
-        for ev in self._eval_sets:
-            check_metric_names(ev, metric_names)
+
+    def _bind_task(self) -> None:
+        """The task bound to the loader's first batch (a torch module is exported with it), the users' algorithms
+        told how to capture torch code and what structure the loader's batches have, a torch optimizer bound to the
+        converted model's parameters."""
         raw = None  # the loader's first batch, read at most once here (a torch loader's iterator draws a seed)
         if not self.task.is_bound:
             raw = self._first_raw_batch()
@@ -240,12 +238,33 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         if self._foreign_optimizer is not None:  # its params are the converted model's, named as it names them
             self.optimizer = self._foreign_optimizer.bind(self.task.pure.bridged)
             self.build_tx = steps.make_base_tx(self.optimizer, self._alpha, self.composed)
-        self.param_order = functools.cache(  # traced once, the first time a method asks (LayerFreezing)
-            lambda: param_use_order(self.task.forward, self.task.params, self.task.state,
-                                    self._model_batch(self._example_batch())))
-        self.model_view = ModelView(param_order=self.param_order,
-                                    param_layout="torch" if self.task.pure.bridged is not None else "flax")
 
+    def _check_task_metrics(self, compute_training_metrics: bool) -> None:
+        """The task's eval (and, with Composer's ``compute_training_metrics``, train) metrics, and the evaluators'
+        metric names, checked before anything compiles."""
+        # checked now, before anything compiles; a task whose metrics live on the host (a torch ComposerModel's
+        # torchmetrics) has none here
+        self._eval_metrics = {} if hasattr(self.task, "host_metrics") else check_metrics(
+            self.task.get_metrics(is_train=False), f"{type(self.task).__name__}.get_metrics()")
+        # Composer's compute_training_metrics: the task's train metrics, summed in the step, computed per epoch
+        self._train_metrics = {}
+        if compute_training_metrics:
+            if hasattr(self.task, "host_metrics"):
+                raise ConfigurationError(
+                    f"compute_training_metrics: {type(self.task.user_model).__name__}'s metrics are torchmetrics "
+                    "objects, updated on the host, and the train step's outputs stay on the device; evaluate on "
+                    "training data instead (eval_dataloader=[Evaluator(label='train', dataloader=...), ...]), or use "
+                    "jaxcomposer.metrics in get_metrics")
+            self._train_metrics = check_metrics(self.task.get_metrics(is_train=True),
+                                                f"{type(self.task).__name__}.get_metrics(is_train=True)")
+        metric_names = list(self.task.host_metrics().metrics) if hasattr(self.task, "host_metrics") \
+            else list(self._eval_metrics)
+        for ev in self._eval_sets:
+            check_metric_names(ev, metric_names)
+
+    def _attach_callbacks(self, callbacks: Any, loggers: Any, a: Any, profiler: Profiler | None) -> None:
+        """The run's loggers (the user's, the progress bar, the console, the run directory's files) and callbacks,
+        in the order they hear events."""
         callbacks = [] if callbacks is None else \
             list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         loggers = [] if loggers is None else list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
@@ -259,7 +278,7 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
                 loggers.append(PlotLogger(self.run_dir / "metrics.png", history=self.run_dir / "metrics.jsonl"))
             else:
                 warnings.warn(f"run_dir: no metrics.png without matplotlib; install it with "
-                              f"{how_to_install('matplotlib', 'plots')}", RuntimeWarning, stacklevel=2)
+                              f"{how_to_install('matplotlib', 'plots')}", RuntimeWarning, stacklevel=3)
         self.logger = Logger(loggers)
         self.nonfinite_checks = NonFiniteChecks(a.nonfinite, a.nonfinite_max_skips, self.logger)
         self.callbacks: list = callbacks + loggers
@@ -276,6 +295,9 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         # per-parameter norms are computed in the step only for a callback that reads them (OptimizerMonitor)
         self._layer_norms = any(getattr(cb, "reads_layer_norms", False) for cb in self.callbacks)
 
+    def _starting_state(self, a: Any, resume_step: int | None, load_dir: Path | None) -> tuple[Any, Timestamp]:
+        """The train state laid out on the mesh and the timestamp training starts from: initialized, then restored
+        by autoresume, or loaded from ``load_path``, or given a torch optimizer's own state."""
         state = self._place(steps.init_train_state(self.task, self.build_tx, self.composed, self.run_info,
                                                    self.seed, self.model_view))
         timestamp = Timestamp()
@@ -296,18 +318,7 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
                 self.engine.load_state_dicts(meta.get("algorithm_states", []))
         elif self._foreign_optimizer is not None:  # an optimizer that already stepped (a torch checkpoint) goes on
             state = state._replace(opt_state=self._foreign_optimizer.load(state.opt_state))
-        self._last_saved = timestamp.batch if resume_step is not None else None
-        self.state = RunState(run_name=self.run_name, run_dir=self.run_dir, plan=self.plan, timestamp=timestamp,
-                              train_state=state, model=self.task.user_model, learning_rate=self._lr_at,
-                              optimizers=[self.user_optimizer], schedulers=user_schedulers, seed=self.seed,
-                              precision=self.precision, device=devices[0], dataloader=user_train_dataloader,
-                              algorithms=user_algorithms,
-                              device_train_microbatch_size=a.device_train_microbatch_size,
-                              sync_model=self._synced_model, profiler=profiler, task=self.task,
-                              train_metric_objects=self._train_metrics or None)
-        self._synced_params = None if (resume_step is not None or load_dir is not None) else state.params
-        self._sync_model()  # a loaded checkpoint's weights are in the user's module from the start
-        self._fire(Event.INIT)
+        return state, timestamp
 
     def _place(self, state):
         """Lay the state out on the mesh (``jaxcomposer.parallel``): replicated for data parallelism, sharded over
@@ -891,6 +902,27 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
             raise ConfigurationError(
                 f"device_train_microbatch_size: {self.microbatch_size} must divide the batch size {n} and be a "
                 f"multiple of the device count {self.num_devices}.")
+
+
+def _algorithm_engine(user_algorithms: list, passes: Any, steps_per_execution: int) -> tuple[Any, list]:
+    """``(engine or None, the methods to compose)``: users' Composer Algorithms (match/apply) run through one
+    engine, a Method that takes the first one's place among the built-in methods."""
+    custom = [alg for alg in user_algorithms if is_algorithm(alg) and not isinstance(alg, Method)]
+    if passes is not None and not custom:
+        raise ConfigurationError("algorithm_passes: given, but algorithms holds no Composer Algorithm (match/"
+                                 "apply) for them to order; the built-in methods order themselves (their order)")
+    if not custom:
+        return None, user_algorithms
+    if steps_per_execution > 1:
+        raise ConfigurationError(
+            f"steps_per_execution: {steps_per_execution} trains several batches per call, but algorithms "
+            "holds Composer Algorithms, whose match is asked before every batch; use steps_per_execution=1")
+    engine = AlgorithmEngine(custom, pair_batches=False, passes=passes,
+                             methods=tuple(alg for alg in user_algorithms if isinstance(alg, Method)))
+    # anything else stays for compose to check
+    first = next(i for i, alg in enumerate(user_algorithms) if alg is custom[0])
+    others = lambda part: [alg for alg in part if all(alg is not c for c in custom)]  # noqa: E731
+    return engine, others(user_algorithms[:first]) + [engine.method()] + others(user_algorithms[first:])
 
 
 def _split_schedulers(schedulers: list) -> tuple[list, list]:
