@@ -57,7 +57,7 @@ from jaxcomposer.algorithms.nnx_surgery import apply_surgery, replace_modules
 from jaxcomposer.core.method import Method, MethodEntry
 
 __all__ = ["Factorize", "FactorizedConv", "FactorizedLinear", "apply_factorization", "clean_latent_size",
-           "max_rank_with_possible_speedup", "factorizing_could_speedup"]
+           "max_rank_with_possible_speedup", "latent_could_speedup", "factorizing_could_speedup"]
 
 # torch's default init (kaiming_uniform(a=sqrt(5)) for weights, U(+-1/sqrt(fan_in)) for biases), as
 # ``reset_parameters`` leaves a fresh Conv2d / Linear: both are U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -83,6 +83,14 @@ def max_rank_with_possible_speedup(in_size: int, out_size: int, kernel_size: tup
     return int(math.ceil(breakeven - 1))  # round down, or one lower if it divides evenly
 
 
+def latent_could_speedup(latent_size: float, in_size: int, out_size: int,
+                         kernel_size: tuple[int, ...] | None = None) -> bool:
+    """Whether factorizing an ``in_size -> out_size`` layer (a conv with ``kernel_size``) at ``latent_size``
+    (:func:`clean_latent_size`) saves multiply-adds: the test both frameworks' ``factorizing_could_speedup`` run."""
+    return clean_latent_size(latent_size, in_size, out_size) <= max_rank_with_possible_speedup(in_size, out_size,
+                                                                                              kernel_size)
+
+
 def factorizing_could_speedup(module: Any, latent_size: float) -> bool:
     """Composer's ``factorizing_could_speedup`` for ``nnx.Conv`` / ``nnx.Linear`` (False for anything else)."""
     if isinstance(module, (FactorizedConv, FactorizedLinear)):  # already factorized: any reduction helps
@@ -90,12 +98,9 @@ def factorizing_could_speedup(module: Any, latent_size: float) -> bool:
     if isinstance(module, nnx.Conv):
         if module.feature_group_count > 1:
             return False  # grouped convolutions cannot be factorized
-        latent = clean_latent_size(latent_size, module.in_features, module.out_features)
-        return latent <= max_rank_with_possible_speedup(module.in_features, module.out_features,
-                                                        tuple(module.kernel_size))
+        return latent_could_speedup(latent_size, module.in_features, module.out_features, tuple(module.kernel_size))
     if isinstance(module, nnx.Linear):
-        latent = clean_latent_size(latent_size, module.in_features, module.out_features)
-        return latent <= max_rank_with_possible_speedup(module.in_features, module.out_features)
+        return latent_could_speedup(latent_size, module.in_features, module.out_features)
     return False
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from jaxcomposer.algorithms.factorize import clean_latent_size, max_rank_with_possible_speedup
+from jaxcomposer.algorithms.factorize import clean_latent_size, latent_could_speedup, max_rank_with_possible_speedup
 from torch_bridge.surgery import count_module_instances, replace_module_classes
 
 __all__ = ["FactorizedConv2d", "FactorizedLinear", "factorizing_could_speedup_torch", "apply_factorization_torch"]
@@ -85,12 +85,9 @@ def factorizing_could_speedup_torch(module: nn.Module, latent_size: float) -> bo
     if isinstance(module, nn.Conv2d):
         if module.groups > 1:
             return False
-        latent = clean_latent_size(latent_size, module.in_channels, module.out_channels)
-        return latent <= max_rank_with_possible_speedup(module.in_channels, module.out_channels,
-                                                        tuple(module.kernel_size))
+        return latent_could_speedup(latent_size, module.in_channels, module.out_channels, tuple(module.kernel_size))
     if isinstance(module, nn.Linear):
-        latent = clean_latent_size(latent_size, module.in_features, module.out_features)
-        return latent <= max_rank_with_possible_speedup(module.in_features, module.out_features)
+        return latent_could_speedup(latent_size, module.in_features, module.out_features)
     return False
 
 
@@ -99,20 +96,24 @@ def apply_factorization_torch(model: nn.Module, factorize_convs: bool = True, fa
                               latent_features: float = 0.25) -> nn.Module:
     """Composer's ``apply_factorization`` on a torch module, in place: convs first, then linears."""
     if factorize_convs:
-        def maybe_conv(module: nn.Conv2d, index: int) -> Optional[nn.Module]:
-            wide_enough = min(module.out_channels, module.in_channels) >= min_channels
-            if factorizing_could_speedup_torch(module, latent_channels) and wide_enough:
-                return FactorizedConv2d.from_conv2d(module, latent_channels)
-            return None
-        replace_module_classes(model, {nn.Conv2d: maybe_conv})
+        _factorize_where_worthwhile(model, nn.Conv2d, lambda m: (m.in_channels, m.out_channels), min_channels,
+                                    latent_channels, FactorizedConv2d.from_conv2d)
     if factorize_linears:
-        def maybe_linear(module: nn.Linear, index: int) -> Optional[nn.Module]:
-            wide_enough = min(module.in_features, module.out_features) >= min_features
-            if factorizing_could_speedup_torch(module, latent_features) and wide_enough:
-                return FactorizedLinear.from_linear(module, latent_features)
-            return None
-        replace_module_classes(model, {nn.Linear: maybe_linear})
+        _factorize_where_worthwhile(model, nn.Linear, lambda m: (m.in_features, m.out_features), min_features,
+                                    latent_features, FactorizedLinear.from_linear)
     return model
+
+
+def _factorize_where_worthwhile(model: nn.Module, layer_type: type, sizes, min_size: int, latent_size: float,
+                                factorize) -> None:
+    """Every ``layer_type`` module whose ``min(*sizes(module)) >= min_size`` and whose factorization at
+    ``latent_size`` saves multiply-adds becomes ``factorize(module, latent_size)``, in place."""
+    def maybe(module: nn.Module, index: int) -> Optional[nn.Module]:
+        wide_enough = min(sizes(module)) >= min_size
+        if factorizing_could_speedup_torch(module, latent_size) and wide_enough:
+            return factorize(module, latent_size)
+        return None
+    replace_module_classes(model, {layer_type: maybe})
 
 
 def _surgery(model: nn.Module, **kwargs):
