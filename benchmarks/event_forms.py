@@ -125,8 +125,8 @@ def main(argv=None) -> int:
             "median_ratio": round(statistics.median(ratios), 4),
             "engine_host_ms_per_batch": round(1e3 * alg_side.host_s / (args.rounds * args.steps), 3),
             "step_ms_per_batch_algorithm": round(1e3 * statistics.median(times[(name, "algorithm")]) / args.steps, 3),
-            "compiled_steps": {"slot": sides[(name, "slot")].trainer.compiled_train_programs()[1],
-                               "algorithm": alg_side.trainer.compiled_train_programs()[1]}}
+            "compiled_steps": {"slot": sides[(name, "slot")].trainer.compiled_programs()[1],
+                               "algorithm": alg_side.trainer.compiled_programs()[1]}}
 
     out = {"benchmark": NAME, "smoke": args.smoke, "machine": machine_facts(),
            "setup": {"config": os.path.relpath(args.config, ROOT), "xla_cpu_threads": threads_note,

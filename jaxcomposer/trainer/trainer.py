@@ -817,11 +817,16 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
                 st.train_state, padded, stages[0], np.int32(len(chunk)))
         return metrics[:len(chunk)]
 
-    def compiled_train_programs(self) -> dict:
-        """How many programs each compiled train call holds, by its key: the number of microbatches, or
-        ``('multi', microbatches, k)`` for the call that trains ``k`` batches (``steps_per_execution``). A call
-        compiles once per batch shapes and methods' stage: this is what recompilation checks read."""
-        return {key: step._cache_size() for key, step in self._train_steps.items()}
+    def compiled_programs(self, kind: str = "train") -> dict:
+        """How many programs each compiled ``kind`` step (``'train'``, ``'eval'`` or ``'predict'``) holds, by its
+        key. Train steps: the number of microbatches, or ``('multi', microbatches, k)`` for the call that trains
+        ``k`` batches (``steps_per_execution``); eval and predict steps: the DataSpec transforms they run (and the
+        metrics an Evaluator asks for). A step compiles once per batch shapes and methods' stage: this is what
+        recompilation checks read."""
+        steps_by_kind = {"train": self._train_steps, "eval": self._eval_steps, "predict": self._predict_steps}
+        if kind not in steps_by_kind:
+            raise ValueError(f"compiled_programs: kind must be one of {sorted(steps_by_kind)}, got {kind!r}")
+        return {key: step._cache_size() for key, step in steps_by_kind[kind].items()}
 
     def compiled_train_step(self, batch: dict, stage=None, num_microbatches: int = 1):
         """The train step compiled ahead of time for this batch's shapes (``jax.stages.Compiled``): its

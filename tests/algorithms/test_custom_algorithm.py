@@ -109,7 +109,7 @@ def test_a_method_matching_every_other_batch_compiles_two_steps_and_runs_on_its_
     alg = Edit(Event.AFTER_TRAIN_BATCH, _half_grads, every=2)
     trainer = train([alg])
     assert alg.calls == BATCHES // 2
-    assert trainer.compiled_train_programs()[1] == 2  # the matched variant and the plain step, each compiled once
+    assert trainer.compiled_programs()[1] == 2  # the matched variant and the plain step, each compiled once
     # batches 0 and 2 trained at half the step: as a learning rate halved on those batches (a host scheduler)
     reference = train(schedulers=[lambda state: 0.5 if int(state.timestamp.batch) % 2 == 0 else 1.0])
     for a, b in zip(params(trainer), params(reference)):
@@ -194,7 +194,7 @@ def test_composers_colout_tutorial_trains_on_the_rows_and_columns_it_drew(algori
     assert len(drawn) == 6  # one row and one column draw per batch
     assert trainer.engine.host_mode == ({0} if algorithm is ColOutOnNumpy else set())
     if algorithm is ColOut:  # the first draw compiled in; once the draws change they are passed in: two compiles
-        assert len(trainer.engine.variants) == 2 and trainer.compiled_train_programs()[1] == 2
+        assert len(trainer.engine.variants) == 2 and trainer.compiled_programs()[1] == 2
 
     # the reference: the drawn rows and columns dropped on the host, no algorithm
     batches = []
@@ -310,7 +310,7 @@ def test_a_number_that_changes_every_batch_compiles_twice_and_is_used_per_batch(
             state.grads = jax.tree.map(lambda g: g * scale, state.grads)
 
     trainer = train([ArrayScale()])  # compiled in at batch 0, passed in from batch 1 on
-    assert len(trainer.engine.variants) == 2 and trainer.compiled_train_programs()[1] == 2
+    assert len(trainer.engine.variants) == 2 and trainer.compiled_programs()[1] == 2
     # batch b trains at lr 0.1 * 0.5**b: as a learning rate scheduled so on the host
     reference = train(schedulers=[lambda state: 0.5 ** int(state.timestamp.batch)])
     for a, b in zip(params(trainer), params(reference)):

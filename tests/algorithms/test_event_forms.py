@@ -58,4 +58,4 @@ def test_an_algorithm_trains_to_the_bits_of_its_slot_version_with_as_many_compil
     by_slot, by_events = _train(slot, task, data), _train(algorithm, task, data)
     for a, b in zip(leaves(by_slot.state.train_state.params), leaves(by_events.state.train_state.params)):
         np.testing.assert_array_equal(a, b)
-    assert by_events.compiled_train_programs()[1] == by_slot.compiled_train_programs()[1] == COMPILES[pair]
+    assert by_events.compiled_programs()[1] == by_slot.compiled_programs()[1] == COMPILES[pair]

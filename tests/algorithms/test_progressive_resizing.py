@@ -227,7 +227,7 @@ def test_trainer_compiles_once_per_stage():
                       progress_bar=False, devices=jax.devices()[:1])
     trainer.fit()
     stages = {trainer.composed.stage({"input": (32, 8, 8, 1)}, _host(s, 6)) for s in range(6)}
-    assert len(stages) == 3 and list(trainer.compiled_train_programs().values()) == [len(stages)]
+    assert len(stages) == 3 and list(trainer.compiled_programs().values()) == [len(stages)]
     assert seen == [(32, 4, 4, 1), (32, 6, 6, 1), (32, 8, 8, 1)]
     assert np.isfinite(float(trainer.state.batch_metrics["loss"]))
 

@@ -60,8 +60,8 @@ def test_scale_schedule_ratio_reaches_every_method(runs):
     for a, b in zip(leaves(scaled.state.train_state), leaves(plain.state.train_state)):
         np.testing.assert_array_equal(a, b)
     # small images for half the run, then full size
-    assert list(scaled.compiled_train_programs().values()) == [2]
-    assert [round(scaled._lr_at(s), 6) for s in range(4)][2:] == [0.01, 0.01]  # SWALR: 0.1 * (0.01 / 0.1)
+    assert list(scaled.compiled_programs().values()) == [2]
+    assert [round(scaled.state.learning_rate(s), 6) for s in range(4)][2:] == [0.01, 0.01]  # SWALR: 0.1 * (0.01 / 0.1)
     # SWA's plan is in the scaled run's steps: samples after batches 2 (0.5dur of 4) and 3, then the swap
     assert int(find_swa_state(scaled.state.train_state.opt_state).swa_n) == 2
 

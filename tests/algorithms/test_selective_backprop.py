@@ -338,7 +338,7 @@ def test_in_trainer_a_selecting_step_backprops_half_the_batch():
     trainer.fit()
     # steps 0-1 plain (one trace, 16 examples), steps 2-3 select (scores 16, backprops int(0.25 * 16) = 4)
     assert sorted(seen) == [4, 16, 16]
-    programs = trainer.compiled_train_programs()
+    programs = trainer.compiled_programs()
     assert programs and all(n == 2 for n in programs.values())
 
 

@@ -228,7 +228,7 @@ def test_lm_trainer_compiles_once_per_stage():
     trainer.fit()
     stages = [trainer.composed.stage(None, _host(s, 8)) for s in range(8)]
     assert [dict(s)["SeqLengthWarmup"] for s in stages] == [5, 9, 13, 17, 17, 17, 17, 17]
-    assert list(trainer.compiled_train_programs().values()) == [len(set(stages))] == [4]
+    assert list(trainer.compiled_programs().values()) == [len(set(stages))] == [4]
     assert seen == [(8, 5), (8, 9), (8, 13), (8, 17)]  # the model reads 4, 8, 12, 16 tokens
     assert np.isfinite(float(trainer.state.batch_metrics["loss"]))
 

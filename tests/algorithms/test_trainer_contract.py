@@ -74,7 +74,7 @@ def test_two_steps_then_resume_is_bitwise(name, tmp_path):
     stats_after = _bits(straight.state.train_state.model_state)
     assert not stats_before or any(not np.array_equal(a, b) for a, b in zip(stats_before, stats_after))
     # one compile per stage, none more
-    assert list(straight.compiled_train_programs().values()) == [len(_stages(straight))]
+    assert list(straight.compiled_programs().values()) == [len(_stages(straight))]
     module = straight.state.model
     assert module is task.source or name == "NoOpModel"  # which swaps the whole model, as Composer's
     surgery = examples()[name].surgery

@@ -209,6 +209,6 @@ def test_the_trainers_own_loaders_passed_back_keep_their_transforms(host_normali
 def test_a_new_data_spec_around_the_same_functions_reuses_the_compiled_steps(in_step):
     _, evals = uint8_loaders()
     in_step.eval(DataSpec(evals, batch_transforms=NORMALIZE))
-    compiled = dict(in_step._eval_steps)
+    compiled = in_step.compiled_programs("eval")
     in_step.eval(DataSpec(evals, batch_transforms=NORMALIZE), subset_num_batches=1)
-    assert in_step._eval_steps == compiled  # no new step for an equal DataSpec
+    assert in_step.compiled_programs("eval") == compiled  # no new step, and no new program, for an equal DataSpec

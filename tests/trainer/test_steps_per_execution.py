@@ -85,7 +85,7 @@ def test_evaluations_and_checkpoints_come_at_the_same_batches(pair):
 
 def test_one_program_serves_every_call_and_no_single_step_is_compiled(pair):
     trainer = pair[K][0]
-    assert trainer.compiled_train_programs() == {("multi", 1, K): 1}  # calls cut short (epoch ends) included
+    assert trainer.compiled_programs() == {("multi", 1, K): 1}  # calls cut short (epoch ends) included
 
 
 def test_a_stop_inside_a_call_takes_effect_at_its_end():
@@ -138,6 +138,6 @@ def test_methods_that_follow_the_clock_train_as_with_one_call_per_batch(methods,
                                            eval_dataloader=None)
     for a, b in zip(leaves(states[K].train_state), leaves(states[1].train_state)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    calls = trainers[K].compiled_train_programs()
+    calls = trainers[K].compiled_programs()
     assert calls["multi", 1, K] == stages  # one program per stage
     assert (1 in calls) == (stages > 1)  # the straddling call's batches ran one by one, through the single step

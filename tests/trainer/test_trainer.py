@@ -102,7 +102,7 @@ def test_microbatching_equals_full_batch_update():
 def test_one_compile_across_steps():
     trainer = make(max_duration="1ep", eval_dataloader=None)
     trainer.fit()
-    assert list(trainer.compiled_train_programs().values()) == [1]
+    assert list(trainer.compiled_programs().values()) == [1]
 
 
 def test_bf16_amp_trains_with_fp32_master_weights():
