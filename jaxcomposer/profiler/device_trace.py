@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from jaxcomposer.profiler import _names
+from jaxcomposer.profiler import trace_names
 
 # Composer's torch trace names end so; here the name is the window's folder (JAX's trace is a folder of files)
 _FILE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json", ".json.gz", ".json")
@@ -25,8 +25,8 @@ class DeviceTrace:
 
     def __init__(self, folder: str, filename: str, overwrite: bool, num_traces_to_keep: int,
                  python_tracer: bool) -> None:
-        _names.check_pattern(folder, "Profiler(torch_prof_folder)", with_time=False)
-        _names.check_pattern(filename, "Profiler(torch_prof_filename)", with_time=True)
+        trace_names.check_pattern(folder, "Profiler(torch_prof_folder)", with_time=False)
+        trace_names.check_pattern(filename, "Profiler(torch_prof_filename)", with_time=True)
         for suffix in _FILE_SUFFIXES:
             if filename.endswith(suffix) and len(filename) > len(suffix):
                 filename = filename[:-len(suffix)]
@@ -42,15 +42,16 @@ class DeviceTrace:
 
     def init(self, run_name: str) -> None:
         self._run_name = run_name
-        self._folder = Path(_names.format_name(self.folder_pattern, run_name, argument="Profiler(torch_prof_folder)"))
+        self._folder = Path(trace_names.format_name(self.folder_pattern, run_name,
+                                                    argument="Profiler(torch_prof_folder)"))
         if not self.overwrite:
-            _names.ensure_empty(self._folder, "Profiler(torch_prof_folder)")
+            trace_names.ensure_empty(self._folder, "Profiler(torch_prof_folder)")
         self._folder.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
         assert self._folder is not None, "DeviceTrace.init runs at Event.INIT"
         self._pending = self._folder / f".window-in-progress-{os.getpid()}"
-        _names.remove(self._pending)
+        trace_names.remove(self._pending)
         options = jax.profiler.ProfileOptions()
         # Composer's torch_prof_with_stack: Python frames in the trace (JAX records them by default; each Python
         # call then costs a trace event, so off unless asked, as torch's with_stack)
@@ -68,10 +69,10 @@ class DeviceTrace:
         jax.profiler.stop_trace()
         self.running = False
         assert self._folder is not None and self._pending is not None
-        target = self._folder / _names.format_name(self.filename, self._run_name, timestamp,
+        target = self._folder / trace_names.format_name(self.filename, self._run_name, timestamp,
                                                    argument="Profiler(torch_prof_filename)")
         if target.exists() and self.overwrite:
-            _names.remove(target)
+            trace_names.remove(target)
         n = 1
         while target.exists():  # two windows with one name (two fits ending at one batch): keep both
             target = target.with_name(f"{target.name}-{n}")
@@ -81,5 +82,5 @@ class DeviceTrace:
         self.saved_traces.append(target)
         if self.num_traces_to_keep >= 0:
             while len(self.saved_traces) > self.num_traces_to_keep:
-                _names.remove(self.saved_traces.pop(0))
+                trace_names.remove(self.saved_traces.pop(0))
         return target

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jaxcomposer.loggers.logger import dist_info
-from jaxcomposer.profiler import _names
+from jaxcomposer.profiler import trace_names
 from jaxcomposer.profiler.trace_handler import TraceHandler
 
 __all__ = ["JSONTraceHandler"]
@@ -59,10 +59,10 @@ class JSONTraceHandler(TraceHandler):
             if value is not None:
                 raise ValueError(f"JSONTraceHandler: {name}={value!r}: uploading traces to an object store is not "
                                  f"supported; pass {name}=None and copy the files from the trace folder yourself.")
-        _names.check_pattern(folder, "JSONTraceHandler(folder)", with_time=False)
-        _names.check_pattern(filename, "JSONTraceHandler(filename)", with_time=True)
+        trace_names.check_pattern(folder, "JSONTraceHandler(folder)", with_time=False)
+        trace_names.check_pattern(filename, "JSONTraceHandler(filename)", with_time=True)
         if merged_trace_filename is not None:
-            _names.check_pattern(merged_trace_filename, "JSONTraceHandler(merged_trace_filename)", with_time=False)
+            trace_names.check_pattern(merged_trace_filename, "JSONTraceHandler(merged_trace_filename)", with_time=False)
         if isinstance(num_traces_to_keep, bool) or not isinstance(num_traces_to_keep, int) or num_traces_to_keep < -1:
             raise ValueError(f"JSONTraceHandler: num_traces_to_keep must be an int >= -1, got {num_traces_to_keep!r}")
         self.folder = folder
@@ -83,9 +83,9 @@ class JSONTraceHandler(TraceHandler):
     def init(self, state: Any, logger: Any) -> None:
         self._run_name = state.run_name
         self._rank = dist_info()["rank"]
-        self._folder = Path(_names.format_name(self.folder, self._run_name, argument="JSONTraceHandler(folder)"))
+        self._folder = Path(trace_names.format_name(self.folder, self._run_name, argument="JSONTraceHandler(folder)"))
         if not self.overwrite:
-            _names.ensure_empty(self._folder, "JSONTraceHandler(folder)")
+            trace_names.ensure_empty(self._folder, "JSONTraceHandler(folder)")
         self._folder.mkdir(parents=True, exist_ok=True)
         merged = self._merged_path()
         if merged is not None and merged.exists():  # a merged file from an earlier run would be extended
@@ -103,7 +103,7 @@ class JSONTraceHandler(TraceHandler):
             raise RuntimeError("JSONTraceHandler: the trace folder is made at Event.INIT, which has not run; add "
                                "the profiler to a Trainer (profiler=...) rather than calling it directly.")
         events, self._events = self._thread_metadata() + self._events, []
-        path = self._folder / _names.format_name(self.filename, self._run_name, state.timestamp,
+        path = self._folder / trace_names.format_name(self.filename, self._run_name, state.timestamp,
                                                  argument="JSONTraceHandler(filename)")
         _write_trace(path, events)
         self.saved_traces.append((state.timestamp, [path]))
@@ -114,7 +114,7 @@ class JSONTraceHandler(TraceHandler):
         if self.num_traces_to_keep >= 0:
             while len(self.saved_traces) > self.num_traces_to_keep:
                 for old in self.saved_traces.pop(0)[1]:
-                    _names.remove(old)
+                    trace_names.remove(old)
 
     # ---- recorded events ----
     def process_duration_event(self, name: str, categories: Sequence[str], is_start: bool, timestamp: Any,
@@ -167,7 +167,7 @@ class JSONTraceHandler(TraceHandler):
         per_rank = any(v in self.merged_trace_filename for v in _RANK_VARIABLES)
         if not per_rank and self._rank != 0:  # several processes would write one file over each other
             return None
-        return self._folder / _names.format_name(self.merged_trace_filename, self._run_name,
+        return self._folder / trace_names.format_name(self.merged_trace_filename, self._run_name,
                                                  argument="JSONTraceHandler(merged_trace_filename)")
 
 

@@ -81,3 +81,17 @@ def test_no_import_cycles():
 
 def test_the_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A ``_name`` is its module's own: another module that needs it needs a public name (deferred imports
+    inside functions count too). Third-party private names are listed where they are the library's way."""
+    allowed = {("torch.nn.modules.batchnorm", "_BatchNorm")}  # torch's base class of its BatchNorms
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found += [(name, node.module, alias.name) for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")
+                          and (node.module, alias.name) not in allowed]
+    assert found == []
