@@ -9,9 +9,9 @@ mixed with the original by ``m ~ Beta(alpha, alpha)``: ``(1 - m) * original + m 
 
 **When it helps.** Robustness to distribution shift and calibration (the paper: ImageNet-C and CIFAR-10-C error
 down sharply at equal clean accuracy); on clean accuracy it is a regularizer like RandAugment, useful on long
-schedules only. It runs ``width`` chains per image, so it costs about three times RandAugment's host time: about
-0.38 ms per 28x28 grayscale image and 0.77 ms per 32x32 RGB image at the defaults (CPU time on one core), i.e.
-50-100 ms per batch of 128, which can bound the throughput of a small model on a few CPU cores.
+schedules only. It runs ``width`` chains per image, so it costs about three times RandAugment's host time, which
+can bound the throughput of a small model on a few CPU cores (benchmarks/README.md, "Measurements behind code
+choices").
 
 **Hyperparameters.** ``severity`` (default ``3``, in ``[0, 10]``); ``depth`` (default ``-1``: a random chain length
 in 1..3; else a fixed length >= 1); ``width`` (default ``3`` chains); ``alpha`` (default ``1.0``, > 0: the

@@ -85,8 +85,8 @@ def blur_2d(x: jax.Array, stride: int | tuple[int, int] = 1) -> jax.Array:
 
     Composer's ``blur_2d`` in NHWC: ``F.conv2d(x, filt, stride, padding=1, groups=C)``. Computed as the separable
     filter it is, shifted adds along H then W (the weights are powers of two, so only the summation order differs
-    from the convolution): XLA fuses them into one pass. Its grouped convolution took 15-50x longer on CPU (forward
-    and backward, 128x14x14x16 to 128x28x28x16).
+    from the convolution): XLA fuses them into one pass, where the grouped convolution is far slower on CPU
+    (benchmarks/README.md, "Measurements behind code choices").
     """
     if x.ndim != 4:
         raise ValueError(f"blur_2d: expected NHWC (B, H, W, C), got shape {x.shape}")

@@ -11,8 +11,8 @@ runs that module eagerly afterwards. Native NNX models are NHWC already: there i
 
 **When it helps.** In torch eager on GPUs with tensor cores, where cuDNN's NHWC kernels skip the layout
 conversions NCHW needs (Composer's v0.10 README lists 1.5x time-to-train for ResNet-101 on 8xA100). Here the
-bridge's default gives that layout to every bridged CNN: on the quickstart ResNet's CPU step, 1.21x faster than
-``conv_layout='NCHW'`` (torch's layout, with a transpose into and out of every convolution).
+bridge's default gives that layout to every bridged CNN, faster on the CPU than ``conv_layout='NCHW'`` (torch's
+layout, with a transpose into and out of every convolution; ``benchmarks/channels_last.py``).
 
 **Hyperparameters.** None.
 

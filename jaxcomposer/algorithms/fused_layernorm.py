@@ -10,17 +10,13 @@ reduction per axis plus one elementwise pass, where autodiff of the plain LayerN
 full-size intermediates (XLA:CPU's optimized HLO of forward plus backward: 13-14 fusions for flax's
 ``nnx.LayerNorm``, 8-11 for this one).
 
-**When it helps.** Transformers, whose LayerNorms are memory bound. Measured here (``benchmarks/fused_layernorm.py``
--> ``benchmarks/results/fused_layernorm.json``: jitted forward + backward of one float32 LayerNorm against flax's
-``nnx.LayerNorm`` with GPT's settings, 9 interleaved rounds, on this shared 2-core CPU at load average 6-8):
-**on CPU the gain is small and only reliable on small activations**: (16, 128, 128) ran 1.10-1.37x faster in
-every run (0.64 vs 0.88 ms); (32, 256, 256) and (8, 1024, 768) ran 0.86-1.10x, i.e. no difference the noise of
-this machine lets us claim. XLA:CPU already fuses the plain forward into one to four fusions; what the fused
-version saves is backward passes (the plain vjp materializes a broadcast scale and several full-size
-intermediates). No GPU was lent to this task. A GPU run should time the same script (add bfloat16 and
-(16, 2048, 1024)), count the fusions of both backwards in the optimized HLO (the target: one row-reduction, one
-column-reduction and one elementwise fusion), and compare with a Pallas/Triton LayerNorm kernel, which would go
-in :func:`fused_layer_norm`.
+**When it helps.** Transformers, whose LayerNorms are memory bound. On CPU the gain is small and reliable only on
+small activations (``benchmarks/fused_layernorm.py``; figures in ``benchmarks/README.md``): XLA:CPU already fuses
+the plain forward into one to four fusions; what the fused version saves is backward passes (the plain vjp
+materializes a broadcast scale and several full-size intermediates). The gain Composer reports is on GPUs, where
+this has not been timed: such a run should add bfloat16 and larger shapes to the script, count the fusions of both
+backwards in the optimized HLO (the target: one row-reduction, one column-reduction and one elementwise fusion),
+and compare with a Pallas/Triton LayerNorm kernel, which would go in :func:`fused_layer_norm`.
 
 **Hyperparameters.** None (Composer's ``FusedLayerNorm()``; its ``apply_events`` is accepted only as ``None``:
 the surgery runs once in the ``model`` slot, Composer's ``Event.INIT``).

@@ -9,9 +9,9 @@ Composer (unlike the paper's fixed magnitude ``M``), each operation draws its st
 
 **When it helps.** Image classification trained long enough to overfit: Composer measured a 1.3x time-to-accuracy
 speedup on ResNet-101/ImageNet and uses it in its "hot" ResNet-50 recipe (``depth=1``). Like any strong
-augmentation it slows convergence on short schedules. It costs host CPU, mostly PIL's per-call Python overhead:
-about 0.12 ms per 28x28 grayscale image and 0.19 ms per 32x32 RGB image at the defaults (CPU time on one core),
-i.e. 15-25 ms per batch of 128, which the Trainer overlaps with the device step (two batches are prefetched).
+augmentation it slows convergence on short schedules. It costs host CPU, mostly PIL's per-call Python overhead,
+which the Trainer overlaps with the device step (two batches are prefetched; benchmarks/README.md, "Measurements
+behind code choices").
 
 **Hyperparameters.** ``severity`` (default ``9``, in ``[0, 10]``: the paper's ``M``); ``depth`` (default ``2``, the
 paper's ``N``); ``augmentation_set`` (default ``'all'``; ``'safe'`` leaves out the operations that overlap

@@ -41,7 +41,7 @@ Deliberate differences:
 - Bridged torch models (block mode): the exported graph must be static, so both outcomes are computed and
   ``torch.where`` picks one. Outputs and gradients are Composer's, but the BatchNorm running statistics of a
   dropped branch still update (Composer skips the branch). Native NNX blocks compute the branch too and select
-  (an ``nnx.cond`` made the step ~15x slower on XLA:CPU), but a dropped branch's BatchNorm statistics are restored,
+  (an ``nnx.cond`` makes the step far slower on XLA:CPU), but a dropped branch's BatchNorm statistics are restored,
   exactly as Composer's; what Composer saves by skipping a dropped branch's compute is not saved here.
 
 **How it plugs in.** ``model`` slot (host, once): NNX target blocks become :class:`StochasticBasicBlock` /
@@ -133,8 +133,8 @@ class _StochasticResidual:
             mask = jnp.floor(jnp.asarray(1.0 - p, x.dtype) + u)  # Composer's _sample_drop: no 1/(1-p) rescaling
             return jax.nn.relu(self.residual(x, train=True) * mask + self.shortcut(x, train=True))
         kept = jax.random.bernoulli(key, 1.0 - p)
-        # Both outcomes computed, one selected: a select, not nnx.cond, whose nested computations made the whole
-        # step ~15x slower on XLA:CPU. As in Composer, a dropped branch leaves its BatchNorm statistics alone: the
+        # Both outcomes computed, one selected: a select, not nnx.cond, whose nested computations make the whole
+        # step far slower on XLA:CPU (benchmarks/README.md, "Measurements behind code choices"). As in Composer, a dropped branch leaves its BatchNorm statistics alone: the
         # shortcut runs first, then the statistics are kept from before the branch ran unless the branch is kept.
         shortcut = self.shortcut(x, train=True)
         before = jax.tree.map(lambda a: a, nnx.state(self, nnx.BatchStat))  # a snapshot, not live variables
