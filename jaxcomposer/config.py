@@ -26,6 +26,7 @@ from jaxcomposer import loggers as loggers_lib
 from jaxcomposer import models as models_lib
 from jaxcomposer import optim
 from jaxcomposer.errors import ConfigError
+from jaxcomposer.utils.object_store import is_uri
 from jaxcomposer.models.tasks import CLASSIFICATION_LOSSES
 from jaxcomposer.options import DATA_OPTIONS, Config, DataConfig, describe_errors  # noqa: F401 (re-exported)
 
@@ -113,7 +114,7 @@ def load_config(config: Any, overrides: list[str] | None = None) -> Config:
     if isinstance(raw, Mapping):
         problems += _check_components(raw)
     load_path = raw.get("load_path") if isinstance(raw, Mapping) else None
-    if isinstance(load_path, str) and not Path(load_path).expanduser().exists():
+    if isinstance(load_path, str) and not is_uri(load_path) and not Path(load_path).expanduser().exists():
         problems.append(("load_path", f"{load_path!r} does not exist (resolved to "
                                       f"{Path(load_path).expanduser().absolute()}); give a checkpoint directory or a "
                                       "save_folder"))

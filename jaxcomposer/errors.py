@@ -66,6 +66,11 @@ class CorruptCheckpointError(CheckpointError):
     """A saved file no longer matches the checksum written when its step was committed (bit rot, truncation)."""
 
 
+class ObjectStoreError(CheckpointError, OSError):
+    """An object store (``s3://``, ``gs://``) refused or failed a request after its retries: the message names the
+    URI and the cause (a missing bucket, bad credentials, a server that stays down), never a credential."""
+
+
 class NonFiniteLossError(JaxComposerError, RuntimeError):
     """The training loss or gradient became NaN or infinite."""
 

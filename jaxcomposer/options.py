@@ -155,8 +155,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
                                                     "'Nep' (evaluations always print)", config_default="1ep"),
     Option("console_stream", Literal["stdout", "stderr"], "stderr", "where log_to_console prints"),
     Option("load_path", PathOrNone, None, "a checkpoint directory, or a save_folder (its newest good step), to "
-                                          "start from"),
-    Option("save_folder", PathOrNone, None, "where periodic checkpoints go (orbax; atomic, async, checksummed)"),
+                                          "start from; local, or s3://bucket/prefix, gs://bucket/prefix"),
+    Option("save_folder", PathOrNone, None, "where periodic checkpoints go (orbax; atomic, async, checksummed); "
+                                            "local, or an object store: s3://bucket/prefix, gs://bucket/prefix"),
     Option("save_interval", IntervalOrCallable, "1ep", "checkpoint every 'Nep' or 'Nba', or when a "
                                                        "(state, event) -> bool callable says so"),
     Option("save_num_checkpoints_to_keep", BatchCount, -1, "keep the newest N checkpoints (-1: all)"),
@@ -226,7 +227,8 @@ DATA_OPTIONS: tuple[Option, ...] = (
                                                     "images (train RandomResizedCrop, eval resize to size/0.875 "
                                                     "+ center crop)"),
     Option("eval_image_size", pydantic.PositiveInt | None, None, "imagefolder/imagenet/synthetic_images: side of "
-           "the evaluation's center crop (default: image_size; Composer's ResNet recipes train at 176, evaluate at 224)"),
+           "the evaluation's center crop (default: image_size; Composer's ResNet recipes train at 176, evaluate at "
+           "224)"),
     Option("eval_resize", pydantic.PositiveInt | None, None, "imagefolder/imagenet: shorter side the evaluation "
            "resizes to before its center crop (default: eval_image_size / 0.875; Composer's ResNet recipes: 232)"),
     Option("num_workers", pydantic.NonNegativeInt, 8, "imagefolder/imagenet: threads decoding images (0 or 1: "
@@ -272,8 +274,8 @@ CONFIG_COMPONENTS: tuple[Option, ...] = (
 PROCESS_OPTIONS: tuple[Option, ...] = (
     Option("compilation_cache_dir", str | None, "~/.cache/jaxcomposer/xla",
            "JAX's persistent compilation cache: a rerun of the same steps loads them instead of compiling them "
-           "again, most of a small run's start-up (benchmarks/README.md); null turns it off. An already configured cache "
-           "(JAX_COMPILATION_CACHE_DIR, jax.config) is left alone"),
+           "again, most of a small run's start-up (benchmarks/README.md); null turns it off. An already configured "
+           "cache (JAX_COMPILATION_CACHE_DIR, jax.config) is left alone"),
 )
 
 Config = _model("Config", RUN_OPTIONS + PROCESS_OPTIONS + CONFIG_COMPONENTS,

@@ -7,7 +7,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent('''
     import importlib.abc, importlib.util, sys, warnings
-    MISSING = ("torch", "torchvision", "tensorflow_datasets", "matplotlib")
+    MISSING = ("torch", "torchvision", "tensorflow_datasets", "matplotlib", "obstore")
 
     class NotInstalled(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
@@ -38,6 +38,8 @@ SCRIPT = textwrap.dedent('''
     says(lambda: __import__("torch_bridge"), "pip install jaxcomposer[torch]")
     says(lambda: PlotLogger("/tmp/never.png").save(), "PlotLogger needs matplotlib", "jaxcomposer[plots]")
     says(lambda: open_tfds_source("mnist", "train", None), "tensorflow-datasets", "jaxcomposer[tfds]")
+    from jaxcomposer.utils.object_store import RemoteFolder
+    says(lambda: RemoteFolder("s3://bucket/run"), "save_folder='s3://bucket/run' needs obstore", "jaxcomposer[remote]")
 
     # training works without them; the run directory gets no plot, and says why
     from jaxcomposer import ComposerClassifier, Trainer

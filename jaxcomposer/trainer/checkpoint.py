@@ -36,6 +36,7 @@ from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.errors import CheckpointError, ConfigurationError, CorruptCheckpointError
 from jaxcomposer.trainer import flat_arrays
+from jaxcomposer.utils.object_store import is_uri
 
 WEIGHTS, TRAIN, META = "weights", "train", "meta"
 WEIGHT_FIELDS = ("params", "model_state")
@@ -267,7 +268,11 @@ def save_checkpoint(path: str | Path, train_state: TrainState, timestamp: Timest
 
 
 def resolve_load_path(load_path: str | Path) -> Path:
-    """A checkpoint directory, or a ``save_folder`` (its newest good step). Raises naming the path otherwise."""
+    """A checkpoint directory, or a ``save_folder`` (its newest good step). Raises naming the path otherwise. In an
+    object store (``s3://``, ``gs://``): downloaded and verified first (``remote_checkpoints``)."""
+    if is_uri(load_path):
+        from jaxcomposer.trainer.remote_checkpoints import resolve_remote_load_path
+        return resolve_remote_load_path(str(load_path))
     path = Path(load_path).expanduser().absolute()
     if path.is_symlink():  # Composer's names (ep1-ba4-rank0.pt, latest-rank0.pt) link to the step they name
         path = path.resolve()
@@ -455,6 +460,10 @@ class CheckpointStore:
     def restore(self, step: int, target_state: TrainState, **kw) -> tuple[TrainState, Timestamp | None, dict]:
         return restore(self.folder / str(step), target_state, label=f"checkpoint step {step} in {self.folder}", **kw)
 
+    def location(self, step: int) -> str:
+        """Where step ``step`` is, for messages."""
+        return str(self.folder / str(step))
+
     def wait(self) -> None:
         if self._manager is not None:
             self._manager.wait_until_finished()
@@ -487,12 +496,18 @@ def store_for_run(a: Any, run_name: str) -> tuple[CheckpointStore | None, int | 
     try:
         # Composer's save_folder may name the run: '{run_name}/checkpoints'
         folder = str(a.save_folder).replace("{run_name}", run_name)
-        store = CheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
-                                weights_only=a.save_weights_only, filename=a.save_filename,
-                                latest_filename=a.save_latest_filename, run_name=run_name)
+        if is_uri(folder):  # an object store: staged here, uploaded in the background
+            from jaxcomposer.trainer.remote_checkpoints import RemoteCheckpointStore
+            store = RemoteCheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
+                                          weights_only=a.save_weights_only, filename=a.save_filename,
+                                          latest_filename=a.save_latest_filename, run_name=run_name)
+        else:
+                store = CheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
+                                    weights_only=a.save_weights_only, filename=a.save_filename,
+                                    latest_filename=a.save_latest_filename, run_name=run_name)
+        latest = store.latest_step()  # (an object store is asked now: a missing bucket fails here, not later)
     except CheckpointError as e:
         raise ConfigurationError(str(e)) from e
-    latest = store.latest_step()
     if latest is not None and not (a.autoresume or a.save_overwrite):
         raise ConfigurationError(f"save_folder: {store.folder} already holds checkpoints (latest batch "
                                  f"{latest}); pass autoresume=True to continue that run, save_overwrite=True to "

@@ -306,9 +306,9 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
             if self.engine is not None:
                 self.engine.load_state_dicts(meta.get("algorithm_states", []))
             if a.progress_bar or a.log_to_console:  # said where people watch the run
-                print(f"jaxcomposer: resuming from {self.store.folder / str(resume_step)} at batch "
+                print(f"jaxcomposer: resuming from {self.store.location(resume_step)} at batch "
                       f"{timestamp.batch}", file=sys.stderr, flush=True)
-            self.logger.log_hyperparameters({"resumed_from": str(self.store.folder / str(resume_step)),
+            self.logger.log_hyperparameters({"resumed_from": self.store.location(resume_step),
                                              "resumed_at_batch": timestamp.batch})
         elif load_dir is not None:
             state, loaded_at, meta = checkpoint.restore(load_dir, state, weights_only=a.load_weights_only,

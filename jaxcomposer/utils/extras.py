@@ -1,6 +1,6 @@
 """Optional dependencies: ``pip install jaxcomposer`` is the JAX library; torch (the bridge), tfds, matplotlib,
-MLflow and W&B come with its extras (``jaxcomposer[torch]``, ``[tfds]``, ``[plots]``, ``[mlflow]``, ``[wandb]``,
-``[all]``), imported only by the feature that needs them."""
+object stores (obstore), MLflow and W&B come with its extras (``jaxcomposer[torch]``, ``[tfds]``, ``[plots]``,
+``[remote]``, ``[mlflow]``, ``[wandb]``, ``[all]``), imported only by the feature that needs them."""
 from __future__ import annotations
 
 import importlib

@@ -72,12 +72,18 @@ BATCHES = 12
 DEVICES = 2  # a sharded run; more fake devices only repeat the replicated optimizer work on the same cores
 
 
-def test_sigkill_at_random_moments_then_autoresume_is_bitwise(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The run never interrupted (it saves nothing)."""
+    path = tmp_path_factory.mktemp("reference") / "reference.npz"
+    finish(launch("-", DEVICES, BATCHES, path))
+    return path
+
+
+def test_sigkill_at_random_moments_then_autoresume_is_bitwise(tmp_path, reference):
     """Killed inside an asynchronous save, resumed; killed again right after a random later committed save, resumed
     to the end: the same bits as a run never interrupted."""
     rng = random.Random(2026)
-    reference = tmp_path / "reference.npz"
-    finish(launch("-", DEVICES, BATCHES, reference))  # saves nothing: a run never interrupted
 
     folder, first = tmp_path / "b", rng.choice([4, 6])
     kill_when(launch(folder, DEVICES, BATCHES, tmp_path / "b.npz"), folder, lambda f: saving(f, first))
@@ -92,3 +98,34 @@ def test_sigkill_at_random_moments_then_autoresume_is_bitwise(tmp_path):
     assert not any(p.name.endswith(".orbax-checkpoint-tmp") for p in folder.iterdir())
     assert_same_bits(reference, tmp_path / "b.npz")
 
+
+
+def test_sigkill_inside_an_upload_then_autoresume_from_the_bucket_is_bitwise(tmp_path, reference):
+    """Saving to an S3 server (moto's, on the loopback): killed while a step's objects are being uploaded, before
+    its commit marker; autoresume reads the newest committed step back from the bucket, passes over the torn one,
+    and ends with the same bits as a run never interrupted."""
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    from jaxcomposer.trainer.remote_checkpoints import COMMIT, committed_steps
+    from jaxcomposer.utils.object_store import RemoteFolder
+
+    from .s3_server import s3_environment
+
+    with s3_environment(tmp_path / "staging"):
+        folder = "s3://ckpt/sigkill"
+        remote = RemoteFolder(folder)
+
+        def uploading(at_least: int) -> bool:
+            keys = remote.list()
+            steps = {int(k.split("/")[0]) for k in keys if k.split("/")[0].isdigit()}
+            return any(s >= at_least and f"{s}/{COMMIT}" not in keys for s in steps)
+
+        proc = launch(folder, DEVICES, BATCHES, tmp_path / "b.npz")
+        kill_when(proc, tmp_path, lambda _: uploading(4))
+        committed = committed_steps(remote)
+        torn = {int(k.split("/")[0]) for k in remote.list() if k.split("/")[0].isdigit()} - set(committed)
+        assert committed and torn and min(torn) > max(committed), (committed, torn)
+        resumed = finish(launch(folder, DEVICES, BATCHES, tmp_path / "b.npz", "--autoresume"))
+        assert int(resumed.split("START batch=")[1].split()[0]) == max(committed)
+        assert_same_bits(reference, tmp_path / "b.npz")
+        assert committed_steps(remote)[-1] == BATCHES
