@@ -148,7 +148,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Composer's older spelling of parallelism_config={fsdp: ...}"),
     Option("run_name", str | None, None, "names the run (and, with autoresume, recognises a relaunch of it)"),
     Option("run_dir", PathOrNone, None, "where metrics.jsonl, TensorBoard events and metrics.png go (none when "
-                                        "None)", config_default="runs"),
+                                        "None); local, or s3://bucket/prefix, gs://... (staged locally, uploaded "
+                                        "at each epoch's end and at the end)", config_default="runs"),
     Option("progress_bar", bool, True, "show a progress bar with loss, throughput and ETA"),
     Option("log_to_console", bool, False, "also print metrics as lines", config_default=True),
     Option("console_log_interval", Interval, "1ba", "with log_to_console, print training metrics every 'Nba' or "

@@ -28,6 +28,7 @@ from jaxcomposer.errors import ConfigurationError
 from jaxcomposer.options import RUN_OPTIONS
 from jaxcomposer.core.collector import collector_paused
 from jaxcomposer.trainer.trainer import Trainer
+from jaxcomposer.utils.object_store import is_uri
 
 MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cache file
 
@@ -36,7 +37,7 @@ MIN_CACHED_COMPILE_S = 0.1  # programs that compiled in less are not worth a cac
 class FitResult:
     metrics: dict[str, float]
     wall_time_s: float
-    run_dir: Path
+    run_dir: Path | str  # a local folder, or an object-store URI (s3://bucket/runs/<run_name>)
     state: RunState
     trainer: Trainer
     fallback_note: str | None = None
@@ -130,9 +131,12 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     cfg = config_lib.load_config(config, overrides)
     thread_note = prepare_process(cfg)
     run_name = cfg.run_name or time.strftime("run-%Y%m%d-%H%M%S", time.localtime(_same_on_every_process(time.time())))
-    parent = Path(cfg.run_dir).absolute()
-    # a relaunch with autoresume continues the same run: its metrics append to the same directory
-    run_dir = parent / run_name if cfg.autoresume else fresh_run_dir(parent, run_name)
+    if is_uri(cfg.run_dir):  # a bucket folder: the Trainer stages the files and uploads them (the run name is new)
+        run_dir = f"{str(cfg.run_dir).rstrip('/')}/{run_name}"
+    else:
+        parent = Path(cfg.run_dir).absolute()
+        # a relaunch with autoresume continues the same run: its metrics append to the same directory
+        run_dir = parent / run_name if cfg.autoresume else fresh_run_dir(parent, run_name)
     # several processes (jaxcomposer launch): process 0 writes the run directory and shows progress; each process
     # writes its shards of every checkpoint
     lead = jax.process_index() == 0
@@ -143,9 +147,9 @@ def fit(config: Any, overrides: list[str] | None = None) -> FitResult:
     trainer.logger.log_hyperparameters({"xla_cpu_threads": thread_note})
     if info.fallback_note:
         trainer.logger.log_hyperparameters({"data_fallback": info.fallback_note})
-    if lead:
-        run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also for a run cut short
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+    if lead:  # (trainer.run_dir: the local folder, or the staging folder of a bucket's)
+        trainer.run_dir.mkdir(parents=True, exist_ok=True)  # the config is there from the start, also if cut short
+        (trainer.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     start = time.perf_counter()
     try:
         state = trainer.fit()

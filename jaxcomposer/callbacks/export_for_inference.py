@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,6 +15,7 @@ from jaxcomposer.callbacks._current_model import (current_nnx_module, flat_names
                                                   write_torch_weights)
 from jaxcomposer.core import adapters
 from jaxcomposer.core.events import Callback
+from jaxcomposer.utils.object_store import GCSObjectStore, S3ObjectStore, is_uri, split_uri
 
 __all__ = ["ExportForInferenceCallback", "export_stablehlo", "TORCH_FORMATS", "NNX_FORMATS"]
 
@@ -57,8 +59,10 @@ class ExportForInferenceCallback(Callback):
     the model's input (uint8 images normalized in the step) needs ``sample_input`` too.
 
     The file is also handed to ``logger.upload_file(remote_file_name=save_path, ...)``, so a destination that
-    uploads files gets it, as in Composer. ``save_object_store`` (Composer's direct upload to a bucket) is not
-    supported: pass None and use such a destination, or upload the file yourself.
+    uploads files gets it, as in Composer. As Composer's, ``save_path`` may be an object-store URI
+    (``s3://bucket/model.stablehlo``), or, with ``save_object_store`` (``jaxcomposer.utils.S3ObjectStore``, or
+    anything with Composer's ``upload_object(object_name, filename)``), the object's name in that store: the model
+    is then exported to a local temporary file and uploaded.
     """
 
     def __init__(self, save_format: Any, save_path: str | Path, save_object_store: Any = None,
@@ -68,16 +72,20 @@ class ExportForInferenceCallback(Callback):
         if fmt not in TORCH_FORMATS + NNX_FORMATS:
             raise ValueError(f"ExportForInferenceCallback: save_format must be one of "
                              f"{sorted(set(TORCH_FORMATS + NNX_FORMATS))}, got {save_format!r}")
-        if save_object_store is not None:
-            raise NotImplementedError("ExportForInferenceCallback: save_object_store is not supported; export to a "
-                                      "local save_path (save_object_store=None) and upload that file with a logger "
-                                      "destination that uploads files, or yourself")
+        if save_object_store is not None and not callable(getattr(save_object_store, "upload_object", None)):
+            raise TypeError(f"ExportForInferenceCallback: save_object_store must have Composer's "
+                            f"upload_object(object_name, filename) (jaxcomposer.utils.S3ObjectStore), got "
+                            f"{type(save_object_store).__name__}")
+        if save_object_store is None and is_uri(str(save_path)):  # Composer's: a URL names the store and object
+            scheme, bucket, key = split_uri(str(save_path), "ExportForInferenceCallback(save_path)")
+            save_object_store = (S3ObjectStore if scheme == "s3" else GCSObjectStore)(bucket)
+            save_path = key
         transforms = list(transforms or [])
         if not all(callable(t) for t in transforms):
             raise TypeError(f"ExportForInferenceCallback: transforms must be callables model -> model, got "
                             f"{transforms!r}")
         self.save_format, self.save_path = fmt, Path(save_path)
-        self.save_object_store = None
+        self.save_object_store = save_object_store
         self.sample_input, self.transforms = sample_input, transforms
         self.input_names = list(input_names) if input_names is not None else None
         self.output_names = list(output_names) if output_names is not None else None
@@ -112,13 +120,18 @@ class ExportForInferenceCallback(Callback):
         self.export_model(state, logger)
 
     def export_model(self, state, logger=None) -> Path:
-        """Write the model with the run's current weights to ``save_path``; returns the path."""
+        """Write the model with the run's current weights to ``save_path`` (with an object store: to a local
+        temporary file, then uploaded as ``save_path``); returns the local path."""
         path = self.save_path
+        if self.save_object_store is not None:
+            path = Path(tempfile.mkdtemp(prefix="jaxcomposer-export-")) / self.save_path.name
         path.parent.mkdir(parents=True, exist_ok=True)
         if is_torch_model(state.model):
             self._export_torch(state, path)
         else:
             self._export_nnx(state, path)
+        if self.save_object_store is not None:
+            self.save_object_store.upload_object(str(self.save_path), path)
         self.exported_path = path
         upload = getattr(logger, "upload_file", None)
         if callable(upload):  # Composer hands the export to the logger's file-upload destinations under save_path

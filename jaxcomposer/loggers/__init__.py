@@ -7,10 +7,11 @@ from jaxcomposer.loggers.logger import Logger, LoggerDestination
 from jaxcomposer.loggers.mlflow import MLFlowLogger
 from jaxcomposer.loggers.plot import PlotLogger
 from jaxcomposer.loggers.progress_bar import ProgressBarLogger
+from jaxcomposer.loggers.remote_uploader_downloader import RemoteUploaderDownloader
 from jaxcomposer.loggers.tensorboard import TensorboardLogger
 from jaxcomposer.loggers.wandb import WandBLogger
 
 __all__ = [
     "Logger", "LoggerDestination", "ConsoleLogger", "FileLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl",
-    "PlotLogger", "ProgressBarLogger", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
+    "PlotLogger", "ProgressBarLogger", "RemoteUploaderDownloader", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
 ]

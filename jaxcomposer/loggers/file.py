@@ -50,7 +50,9 @@ class FileLogger(FlushingDestination):
             ``{local_rank}``, ``{world_size}``, ``{local_world_size}`` and ``{node_rank}``. Relative paths are
             relative to the working directory, as in Composer. The file is opened at INIT (lines logged before
             are kept and written then); ``filename`` can be read from INIT on.
-        remote_file_name: uploading the log is not supported yet; anything but ``None`` raises ``ValueError``.
+        remote_file_name: the log's name for destinations that upload files (``RemoteUploaderDownloader``), with
+            ``filename``'s variables: at every flush the file is handed to ``logger.upload_file``, as Composer's
+            (with no such destination nothing is uploaded); ``None``: never.
         overwrite: truncate an existing file; with ``False`` an existing file is an error (``FileExistsError``).
         capture_stdout, capture_stderr: copy what is written to ``sys.stdout`` / ``sys.stderr`` into the file
             while the logger is open (from INIT until ``close()``).
@@ -62,13 +64,15 @@ class FileLogger(FlushingDestination):
             flushed at EPOCH_START, EVAL_START, FIT_END and ``close()``.
     """
 
-    def __init__(self, filename: str = "{run_name}/logs-rank{rank}.txt", remote_file_name: str | None = None, *,
+    def __init__(self, filename: str = "{run_name}/logs-rank{rank}.txt",
+                 remote_file_name: str | None = "{run_name}/logs-rank{rank}.txt", *,
                  overwrite: bool = True, capture_stdout: bool = True, capture_stderr: bool = True,
                  buffer_size: int = 1, log_traces: bool = False, log_interval: int = 1, flush_interval: int = 100,
                  max_pending: int = 16) -> None:
-        if remote_file_name is not None:
-            raise ValueError(f"FileLogger: remote_file_name={remote_file_name!r} is not supported yet (uploading the "
-                             "log file to an object store); leave remote_file_name=None and copy the file yourself.")
+        if remote_file_name is not None and (not isinstance(remote_file_name, str) or "://" in remote_file_name):
+            raise ValueError(f"FileLogger: remote_file_name is the log's name in the bucket of a destination that "
+                             f"uploads files (RemoteUploaderDownloader), a format string such as "
+                             f"'{{run_name}}/logs-rank{{rank}}.txt', got {remote_file_name!r}")
         if not isinstance(filename, str) or not filename:
             raise ValueError(f"FileLogger: filename must be a non-empty format string, got {filename!r}.")
         for name, value, low in (("log_interval", log_interval, 1), ("flush_interval", flush_interval, 1),
@@ -76,7 +80,8 @@ class FileLogger(FlushingDestination):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"FileLogger: {name} must be an int >= {low}, got {value!r}.")
         self.filename_format = filename
-        self.remote_file_name = None
+        self.remote_file_name = remote_file_name
+        self._logger = None  # the run's Logger, to hand the file to its uploading destinations
         self.overwrite = bool(overwrite)
         self.capture_stdout, self.capture_stderr = bool(capture_stdout), bool(capture_stderr)
         self.buffer_size = buffer_size
@@ -102,7 +107,7 @@ class FileLogger(FlushingDestination):
     def init(self, state, logger) -> None:
         if self.file is not None:
             raise RuntimeError("FileLogger: already open; use one FileLogger per Trainer.")
-        self._run_name = state.run_name
+        self._run_name, self._logger = state.run_name, logger
         path = self.filename
         if os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -198,3 +203,6 @@ class FileLogger(FlushingDestination):
         if self.file is not None:
             self.file.flush()
             os.fsync(self.file.fileno())
+            if self.remote_file_name is not None and self._logger is not None:
+                name = self.remote_file_name.format(run_name=self._run_name, **dist_info())
+                self._logger.upload_file(remote_file_name=name, file_path=self.filename, overwrite=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -34,20 +33,14 @@ from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.errors import CheckpointError, CorruptCheckpointError, ObjectStoreError
 from jaxcomposer.trainer import checkpoint
-from jaxcomposer.utils.object_store import RemoteFolder
+from jaxcomposer.utils.object_store import RemoteFolder, staging_root
 
 COMMIT = "COMMITTED"
 UPLOAD_THREADS = 8  # a step's files move side by side: for small objects a request's latency is the bound
-STAGING_ENV = "JAXCOMPOSER_STAGING_DIR"  # where steps are staged (default: ~/.cache/jaxcomposer/staging)
-
-
-def staging_root() -> Path:
-    return Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "jaxcomposer" / "staging")
 
 
 def _new_staging_dir(uri: str) -> Path:
     root = staging_root()
-    root.mkdir(parents=True, exist_ok=True)
     tag = hashlib.sha256(uri.encode()).hexdigest()[:12]
     return Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=root))
 

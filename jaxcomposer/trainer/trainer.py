@@ -9,7 +9,9 @@ import datetime
 import functools
 import inspect
 import random
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -35,7 +37,8 @@ from jaxcomposer import options, parallel
 from jaxcomposer.errors import ConfigurationError, Preempted
 from jaxcomposer.metrics.base import check_metrics, merge
 from jaxcomposer.loggers import (ConsoleLogger, JSONLLogger, Logger, LoggerDestination, PlotLogger,
-                                 ProgressBarLogger, TensorboardLogger)
+                                 ProgressBarLogger, RemoteUploaderDownloader, TensorboardLogger)
+from jaxcomposer.loggers.remote_uploader_downloader import FolderUploader
 from jaxcomposer.optim import DecoupledSGDW, call_function_scheduler, compose_schedules
 from jaxcomposer.profiler import Profiler
 from jaxcomposer.trainer import checkpoint, microbatching, multi_step, plan
@@ -47,6 +50,7 @@ from jaxcomposer.trainer.nonfinite import NonFiniteChecks
 from jaxcomposer.trainer.preemption import PreemptionGuard
 from jaxcomposer.utils import reproducibility
 from jaxcomposer.utils.extras import how_to_install, is_installed
+from jaxcomposer.utils.object_store import RemoteFolder, is_uri, staging_root
 
 _MICROBATCH_EVENTS = (Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
                       Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD)
@@ -124,7 +128,12 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         # as Composer's Trainer: the user's own draws (a torch DataLoader's shuffle) repeat with the seed
         reproducibility.seed_imported(self.seed)
         self.run_name = a.run_name or datetime.datetime.now().strftime("run-%Y%m%d-%H%M%S")
-        self.run_dir = Path(a.run_dir).absolute() if a.run_dir is not None else None
+        # an object-store run_dir: the files are written to a local staging folder and uploaded from there
+        self.run_dir_uri = a.run_dir if is_uri(a.run_dir) else None
+        self.run_dir = None if a.run_dir is None else Path(a.run_dir).absolute() if self.run_dir_uri is None else \
+            Path(tempfile.mkdtemp(prefix=f"{self.run_name}-", dir=staging_root()))
+        if self.run_dir_uri is not None and a.autoresume:  # the run goes on: its files too (metrics.jsonl appends)
+            RemoteFolder(self.run_dir_uri, "run_dir").get_folder(self.run_dir)
         devices = parallel.devices_for(device, devices)
         self.parallelism = parallel.parse_parallelism(a.parallelism_config, a.fsdp_config, len(devices),
                                                       num_processes=jax.process_count())
@@ -279,6 +288,8 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
             else:
                 warnings.warn(f"run_dir: no metrics.png without matplotlib; install it with "
                               f"{how_to_install('matplotlib', 'plots')}", RuntimeWarning, stacklevel=3)
+            if self.run_dir_uri is not None:  # last: they upload what the destinations above wrote
+                loggers += [FolderUploader(self.run_dir), RemoteUploaderDownloader(self.run_dir_uri)]
         self.logger = Logger(loggers)
         self.nonfinite_checks = NonFiniteChecks(a.nonfinite, a.nonfinite_max_skips, self.logger)
         self.callbacks: list = callbacks + loggers
@@ -588,6 +599,8 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
             self.store.close()
         for cb in self.callbacks:
             cb.close(self.state, self.logger)
+        if self.run_dir_uri is not None:  # uploaded by now (the uploader's close waited): the staged copy goes
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # ---- helpers ----
     def _log_train_metrics(self, batch_sums: dict) -> None:

@@ -34,6 +34,17 @@ REQUEST_TIMEOUT_ENV, RETRY_TIMEOUT_ENV, MAX_RETRIES_ENV = (
     "JAXCOMPOSER_OBJECT_STORE_MAX_RETRIES")
 
 
+STAGING_ENV = "JAXCOMPOSER_STAGING_DIR"  # where files bound for an object store are staged
+
+
+def staging_root() -> Path:
+    """The folder under which files bound for an object store are staged (``JAXCOMPOSER_STAGING_DIR``, default
+    ``~/.cache/jaxcomposer/staging``), made if missing."""
+    root = Path(os.environ.get(STAGING_ENV) or Path.home() / ".cache" / "jaxcomposer" / "staging")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def is_uri(path: Any) -> bool:
     """Whether ``path`` names an object-store folder (``s3://...``, ``gs://...``) rather than a local path."""
     return isinstance(path, str) and re.match(r"^[a-z0-9]+://", path) is not None
@@ -62,7 +73,9 @@ class RemoteFolder:
     relative to it (``"12/weights/data.npz"``). Every failure, after the client's retries, raises
     :class:`~jaxcomposer.errors.ObjectStoreError` naming the URI and the cause."""
 
-    def __init__(self, uri: str, argument: str = "save_folder"):
+    def __init__(self, uri: str, argument: str = "save_folder", *, endpoint_url: str | None = None,
+                 region: str | None = None):
+        """``endpoint_url`` and ``region`` override the environment's (``AWS_ENDPOINT_URL``, ``AWS_REGION``)."""
         self.scheme, self.bucket, self.prefix = split_uri(uri, argument)
         self.uri = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self._obstore = optional_import("obstore", needed_by=f"{argument}={uri!r}", package="obstore",
@@ -76,6 +89,13 @@ class RemoteFolder:
         if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true"):
             client["allow_http"] = True
         config = {"checksum_algorithm": "sha256"} if self.scheme == "s3" else {}
+        if (endpoint_url is not None or region is not None) and self.scheme != "s3":
+            raise ObjectStoreError(f"{argument}: an endpoint_url or region applies to s3:// folders, not {uri!r}")
+        if endpoint_url is not None:
+            config["endpoint"] = endpoint_url
+            client["allow_http"] = client.get("allow_http", False) or endpoint_url.startswith("http://")
+        if region is not None:
+            config["region"] = region
         self._store = self._call(lambda: from_url(self.uri, retry_config=retry, client_options=client, **config),
                                  "open")
 
@@ -98,14 +118,15 @@ class RemoteFolder:
 
     def put_bytes(self, key: str, data: bytes, *, create: bool = False) -> bool:
         """Write ``data`` at ``key``; with ``create``, only if nothing is there yet (returns False then)."""
-        try:
-            self._call(lambda: self._obstore.put(self._store, key, data, mode="create" if create else None),
-                       "write to", key)
-        except ObjectStoreError as e:
-            if create and "already exists" in str(e):
-                return False
-            raise
-        return True
+        def put() -> bool:
+            try:
+                self._obstore.put(self._store, key, data, mode="create" if create else None)
+            except Exception as e:
+                if create and type(e).__name__ in ("AlreadyExistsError", "PreconditionError"):
+                    return False
+                raise
+            return True
+        return self._call(put, "write to", key)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object at ``key``, or None when there is none."""
@@ -123,6 +144,11 @@ class RemoteFolder:
         tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(path)
+
+    def get_folder(self, into: Path) -> None:
+        """Every object below this folder written under ``into`` by its key."""
+        for key in self.list():
+            self.get_file(key, Path(into) / key)
 
     def list(self, prefix: str = "") -> dict[str, int]:
         """``{key: size}`` of every object below ``prefix`` (relative to this folder)."""
@@ -170,3 +196,62 @@ def _cause(error: BaseException) -> str:
         if re.search(pattern, text):
             return f"{plain} ({type(error).__name__})"
     return text[:300]
+
+
+class ObjectStore:
+    """Composer's ``ObjectStore`` interface (``composer.utils.S3ObjectStore``, ``GCSObjectStore``) on a
+    :class:`RemoteFolder`: what a Composer script or callback calls to move files to and from a bucket. Credentials
+    come from the environment only; keyword arguments that carry them are refused."""
+
+    SCHEME = "s3"
+
+    def __init__(self, bucket: str, prefix: str = "", *, region_name: str | None = None,
+                 endpoint_url: str | None = None, **credentials: Any):
+        if credentials:
+            raise ObjectStoreError(f"{type(self).__name__}: {sorted(credentials)} are not taken: credentials come "
+                                   "from the environment only (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                                   "GOOGLE_APPLICATION_CREDENTIALS, ...)")
+        uri = f"{self.SCHEME}://{bucket}" + (f"/{prefix.strip('/')}" if prefix.strip("/") else "")
+        self.folder = RemoteFolder(uri, type(self).__name__, endpoint_url=endpoint_url, region=region_name)
+        self.bucket, self.prefix = bucket, prefix
+
+    def get_uri(self, object_name: str) -> str:
+        return f"{self.folder.uri}/{object_name.lstrip('/')}"
+
+    def upload_object(self, object_name: str, filename: str | Path, callback: Callable | None = None) -> None:
+        self.folder.put_file(object_name.lstrip("/"), Path(filename))
+        if callback is not None:
+            size = Path(filename).stat().st_size
+            callback(size, size)
+
+    def download_object(self, object_name: str, filename: str | Path, overwrite: bool = False,
+                        callback: Callable | None = None) -> None:
+        path = Path(filename)
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"{type(self).__name__}.download_object: {path} exists; pass overwrite=True")
+        self.folder.get_file(object_name.lstrip("/"), path)
+        if callback is not None:
+            callback(path.stat().st_size, path.stat().st_size)
+
+    def get_object_size(self, object_name: str) -> int:
+        key = object_name.lstrip("/")
+        listed = self.folder.list(key)
+        if key not in listed:
+            raise FileNotFoundError(f"{self.get_uri(object_name)} does not exist")
+        return listed[key]
+
+    def list_objects(self, prefix: str | None = None) -> list[str]:
+        return sorted(self.folder.list(prefix or ""))
+
+    def close(self) -> None:
+        pass
+
+
+class S3ObjectStore(ObjectStore):
+    """Composer's ``S3ObjectStore(bucket, prefix='', region_name=None, endpoint_url=None)``."""
+    SCHEME = "s3"
+
+
+class GCSObjectStore(ObjectStore):
+    """Composer's ``GCSObjectStore(bucket, prefix='')``."""
+    SCHEME = "gs"

@@ -125,7 +125,7 @@ def test_stablehlo_asks_for_sample_input_at_the_first_batch_when_the_batch_has_n
 def test_refusals_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="save_format must be one of"):
         ExportForInferenceCallback("tflite", tmp_path / "m")
-    with pytest.raises(NotImplementedError, match="save_object_store is not supported"):
+    with pytest.raises(TypeError, match="save_object_store must have Composer's upload_object"):
         ExportForInferenceCallback("safetensors", tmp_path / "m", save_object_store=object())
     train, _ = loaders(batch_size=32, n_train=64)
     with pytest.raises(ValueError, match="'torchscript' does not apply to an NNX model.*stablehlo"):

@@ -45,8 +45,8 @@ def test_values_formats_traces_and_remote_file_name(tmp_path):
         '[metric][batch=4]: dict: { "a": 1.0000, } ', "[metric][batch=4]: list: [1, 2.5000] ",
         "[metric][batch=4]: vector: Array of shape (3,) ", "[metric][batch=4]: scalar_int: 7 ",
         "[trace]: algorithm_traces/MixUp/BATCH_START:1"]
-    with pytest.raises(ValueError, match="remote_file_name"):
-        FileLogger(remote_file_name="s3://bucket/{run_name}.txt")
+    with pytest.raises(ValueError, match="remote_file_name is the log's name in the bucket"):
+        FileLogger(remote_file_name="s3://bucket/{run_name}.txt")  # a name in the uploader's bucket, not a URI
     for kwargs in (dict(log_interval=0), dict(flush_interval=0), dict(buffer_size=True)):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             FileLogger(**kwargs)

@@ -154,3 +154,29 @@ def test_a_missing_bucket_and_a_refused_connection_fail_before_training(proxy):
         with pytest.raises(ConfigurationError, match=r"s3://ckpt/refused.*connection refused"):
             run("s3://ckpt/refused")
     assert os.environ["AWS_ENDPOINT_URL"] != "http://127.0.0.1:9"
+
+
+def test_the_command_line_saves_and_resumes_through_the_bucket(proxy, tmp_path):
+    """``jaxcomposer fit`` with ``--save_folder`` and ``--run_dir`` in the bucket; a relaunch with autoresume
+    continues from the bucket's checkpoint. The config uploaded with the run holds no credential."""
+    import yaml
+
+    from jaxcomposer.cli import main
+    from tests.config.test_config import TINY
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "max_duration": "4ba", "save_interval": "2ba", "eval_interval": "4ba",
+                                      "schedulers": [{"name": "cosine_annealing_with_warmup", "t_warmup": "1ba"}]}))
+    argv = ["fit", str(config), "--save_folder", "s3://ckpt/cli/checkpoints", "--run_dir", "s3://ckpt/cli/runs"]
+    assert main(argv) == 0
+    assert committed_steps(RemoteFolder("s3://ckpt/cli/checkpoints")) == [2, 4]
+    runs = RemoteFolder("s3://ckpt/cli/runs")
+    assert {"tiny/config.yaml", "tiny/metrics.jsonl"} <= set(runs.list())
+    uploaded = runs.get_bytes("tiny/config.yaml").decode()
+    assert "s3://ckpt/cli/checkpoints" in uploaded and os.environ["AWS_SECRET_ACCESS_KEY"] not in uploaded
+    assert main(argv + ["--max_duration", "6ba", "--autoresume", "true"]) == 0
+    assert committed_steps(RemoteFolder("s3://ckpt/cli/checkpoints")) == [2, 4, 6]
+    lines = runs.get_bytes("tiny/metrics.jsonl").decode().splitlines()
+    resumed = [line for line in lines if "resumed_from" in line]
+    assert len(resumed) == 1 and "s3://ckpt/cli/checkpoints/4" in resumed[0]  # appended to the first run's lines
+    assert len([line for line in lines if "loss/train/total" in line]) == 6  # batches 1-4, then 5-6
