@@ -28,11 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from jaxcomposer.core.state import TrainState
 from jaxcomposer.core.time import Timestamp
 from jaxcomposer.errors import CheckpointError, CorruptCheckpointError, ObjectStoreError
-from jaxcomposer.trainer import checkpoint
+from jaxcomposer.trainer import checkpoint, flat_arrays
 from jaxcomposer.utils.object_store import RemoteFolder, staging_root
 
 COMMIT = "COMMITTED"
@@ -93,10 +94,6 @@ class RemoteCheckpointStore:
                  small_state_bytes: int | None = None):
         if keep == 0 or keep < -1:
             raise CheckpointError(f"save_num_checkpoints_to_keep: got {keep}, expected -1 (keep all) or >= 1")
-        if jax.process_count() > 1:  # each process would stage its shards apart, and orbax commits in one folder
-            raise CheckpointError(f"save_folder: {uri} is an object store, which a run of {jax.process_count()} "
-                                  "processes cannot save to yet; use a folder every process shares (a network "
-                                  "file system), or one process")
         checkpoint.check_name_pattern(filename, "save_filename")
         checkpoint.check_name_pattern(latest_filename, "save_latest_filename")
         self.remote = RemoteFolder(uri, "save_folder")
@@ -145,20 +142,53 @@ class RemoteCheckpointStore:
     # ---- writing ----
     def save(self, step: int, train_state: TrainState, timestamp: Timestamp, meta: dict | None = None) -> None:
         self._finish_upload()  # at most one save in flight; an upload that failed is raised here
+        if jax.process_count() > 1:
+            self._save_gathered(step, train_state, timestamp, meta)
+            return
         if self._local is None:
             kw = {} if self._small_state_bytes is None else {"small_state_bytes": self._small_state_bytes}
             self._local = checkpoint.CheckpointStore(self.staging, keep=1, weights_only=self.weights_only,
                                                      filename=None, latest_filename=None, run_name=self.run_name,
                                                      **kw)
         self._local.save(step, train_state, timestamp, meta)  # returns once the state is copied to the host
-        self._upload = threading.Thread(target=self._upload_step, args=(step, timestamp),
+        self._start_upload(step, timestamp, self._local.folder / str(step), wait_for=self._local.wait)
+
+    def _save_gathered(self, step: int, train_state: TrainState, timestamp: Timestamp, meta: dict | None) -> None:
+        """Several processes: every process takes part in gathering the state whole onto the hosts (a collective,
+        at the same step everywhere), and process 0 alone writes it as ``.npz`` items and uploads it, so one process
+        commits the step, and the checkpoint restores on any number of processes. The whole state passes through
+        every host's memory: a sharded model larger than a host's memory cannot be saved to a bucket this way."""
+        from jax.experimental import multihost_utils
+
+        items = {name: {path: np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                        for path, x in checkpoint.flat_paths(tree).items()}
+                 for name, tree in checkpoint.split_state(train_state, self.weights_only).items()}
+        if jax.process_index() != 0:
+            return
+        local, partial = self.staging / str(step), self.staging / f".{step}.partial"
+        for old in (local, partial):
+            shutil.rmtree(old, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for name, arrays in items.items():
+            (partial / name).mkdir()
+            flat_arrays.write(partial / name / flat_arrays.FILE, arrays)
+        (partial / checkpoint.META_FILE).write_text(json.dumps(
+            {"timestamp": timestamp.state_dict(), "weights_only": self.weights_only, **(meta or {})}, indent=1))
+        checkpoint.write_checksums(partial)
+        partial.rename(local)
+        self._start_upload(step, timestamp, local, wait_for=lambda: None)
+        for old in self.staging.iterdir():  # one staged step at a time, as the local store keeps
+            if old.name.isdigit() and int(old.name) < step:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _start_upload(self, step: int, timestamp: Timestamp, local: Path, wait_for) -> None:
+        self._upload = threading.Thread(target=self._upload_step, args=(step, timestamp, local, wait_for),
                                         name=f"jaxcomposer-upload-{step}", daemon=True)
         self._upload.start()
 
-    def _upload_step(self, step: int, timestamp: Timestamp) -> None:
+    def _upload_step(self, step: int, timestamp: Timestamp, local: Path, wait_for) -> None:
         try:
-            self._local.wait()  # orbax's commit and the checksum table
-            local = self._local.folder / str(step)
+            wait_for()  # the local commit and its checksum table
             checkpoint.verify_checksums(local, step)
             files = {str(p.relative_to(local)): p for p in sorted(local.rglob("*")) if p.is_file()}
             # a copy of this step already in the bucket was passed over (torn, or corrupt: autoresume took an

@@ -2,7 +2,8 @@
 
 ``python tests/parallel/process_worker.py OUT_DIR LAYOUT [KILL_AT]``: joins the JAX runtime when started by
 ``jaxcomposer launch`` (its environment says so), trains a small GPT for 6 batches with a checkpoint every 2 and
-autoresume, and process 0 writes the final parameters and the losses it saw to ``OUT_DIR/result.npz``. ``KILL_AT``:
+autoresume (to ``OUT_DIR/checkpoints``, or the ``WORKER_SAVE_FOLDER`` the environment names, a bucket's), and process
+0 writes the final parameters and the losses it saw to ``OUT_DIR/result.npz``. ``KILL_AT``:
 process 1 kills itself with SIGKILL once that batch is done (and its checkpoint committed), as a lost machine.
 """
 import json
@@ -58,7 +59,8 @@ def main(out_dir: str, layout: str, kill_at: int | None) -> None:
                                                  rngs=nnx.Rngs(0))),
                       train_dataloader=loader, max_duration="6ba", optimizers=DecoupledAdamW(lr=3e-3), seed=3,
                       progress_bar=False, parallelism_config=parallelism, callbacks=[record],
-                      save_folder=os.path.join(out_dir, "checkpoints"), save_interval="2ba", autoresume=True,
+                      save_folder=os.environ.get("WORKER_SAVE_FOLDER") or os.path.join(out_dir, "checkpoints"),
+                      save_interval="2ba", autoresume=True,
                       run_name="processes")
     trainer.fit()
     trainer.close()

@@ -1,14 +1,14 @@
 """Several processes, one run: ``jaxcomposer launch`` with 2 processes x 2 CPU devices (gloo collectives).
 
 - the 2-process run trains to the parameters of a 1-process run on 4 devices (the same global batches, FSDP
-  over all four devices), and writes its checkpoints from both processes through orbax;
+  over all four devices), saving its checkpoints to an S3 bucket (a loopback server), from which one process
+  resumes;
 - R8: SIGTERM to the launcher makes every process stop after the same step, save it and exit 143; a process
   killed with SIGKILL stops the others at once, with a message naming it; each relaunch autoresumes, and the run
   ends bitwise equal to an uninterrupted 2-process run.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -52,12 +52,22 @@ def result(out: Path) -> dict[str, np.ndarray]:
         return dict(f)
 
 
+BUCKET_FOLDER = "s3://ckpt/processes"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
+    """The 2-process run, saving its checkpoints to an S3 server on the loopback (moto's; its environment reaches
+    the processes): process 0 commits each step once all processes have gathered it."""
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    from tests.trainer.s3_server import s3_environment
+
     out = tmp_path_factory.mktemp("two_processes")
-    code, err = finish(start_launcher(out))
-    assert code == 0, err[-3000:]
-    return out
+    with s3_environment(tmp_path_factory.mktemp("staging")):
+        code, err = finish(start_launcher(out, WORKER_SAVE_FOLDER=BUCKET_FOLDER))
+        assert code == 0, err[-3000:]
+        yield out
 
 
 @pytest.mark.slow
@@ -75,14 +85,20 @@ def test_two_processes_train_as_one_process_on_the_same_devices(uninterrupted, t
     two, one_params = result(uninterrupted), result(one)
     for k in one_params:  # gloo's sums run in another order than one process's: equal up to rounding
         np.testing.assert_allclose(two[k], one_params[k], rtol=1e-5, atol=2e-5, err_msg=k)
-    # every process wrote its shards of each checkpoint: 6 batches, one every 2
-    assert sorted(p.name for p in (uninterrupted / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4", "6"]
+    # the checkpoints are in the bucket: 6 batches, one every 2
+    from jaxcomposer.trainer.remote_checkpoints import committed_steps
+    from jaxcomposer.utils.object_store import RemoteFolder
+    assert committed_steps(RemoteFolder(BUCKET_FOLDER)) == [2, 4, 6]
 
-    # and this test process (one process, the suite's 2 devices) restores what the two wrote: autoresume finds the
-    # run complete at batch 6
+    # and this test process (one process, the suite's 2 devices) restores what the two saved: autoresume from the
+    # bucket finds the run complete at batch 6
     restored = tmp_path / "restored"
-    shutil.copytree(uninterrupted / "checkpoints", restored / "checkpoints")
-    process_worker.main(str(restored), "fsdp", None)
+    restored.mkdir()
+    os.environ["WORKER_SAVE_FOLDER"] = BUCKET_FOLDER
+    try:
+        process_worker.main(str(restored), "fsdp", None)
+    finally:
+        del os.environ["WORKER_SAVE_FOLDER"]
     assert json.loads((restored / "losses.json").read_text())["losses"] == {}  # nothing left to train
     again = result(restored)
     assert all(np.array_equal(again[k], two[k]) for k in two)
