@@ -180,3 +180,24 @@ def test_the_command_line_saves_and_resumes_through_the_bucket(proxy, tmp_path):
     resumed = [line for line in lines if "resumed_from" in line]
     assert len(resumed) == 1 and "s3://ckpt/cli/checkpoints/4" in resumed[0]  # appended to the first run's lines
     assert len([line for line in lines if "loss/train/total" in line]) == 6  # batches 1-4, then 5-6
+
+
+def test_sigterm_waits_for_the_upload_of_the_step_it_saves(proxy):
+    """A preemption saves the step in flight and waits for its upload before stopping: the bucket holds it,
+    committed, when ``Preempted`` reaches the caller."""
+    import signal
+
+    from jaxcomposer import Callback
+    from jaxcomposer.errors import Preempted
+
+    class Preempt(Callback):
+        def batch_end(self, state, logger):
+            if int(state.timestamp.batch) == 3:
+                signal.raise_signal(signal.SIGTERM)
+
+    folder = "s3://ckpt/preempted"
+    proxy.faults = [Fault("PUT", path="/preempted/3/", delay=0.5, times=2)]  # a slow upload of the step saved
+    with pytest.raises(Preempted, match="stopped after batch 3"):
+        run(folder, "6ba", save_interval="2ba", callbacks=[Preempt()])
+    assert committed_steps(RemoteFolder(folder)) == [2, 3]
+    assert json.loads(RemoteFolder(folder).get_bytes("latest-rank0.pt")) == {"step": 3}
