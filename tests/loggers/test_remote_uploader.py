@@ -15,17 +15,9 @@ from jaxcomposer.utils import S3ObjectStore
 from jaxcomposer.utils.object_store import RemoteFolder
 
 from tests.trainer.helpers import loaders, mlp_task
-from tests.trainer.s3_server import s3_environment
+from tests.trainer.s3_server import s3  # noqa: F401 (the server, a module fixture)
 
-pytest.importorskip("moto")
-pytest.importorskip("obstore")
 pytestmark = pytest.mark.xdist_group("s3_server")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with s3_environment(tmp_path_factory.mktemp("staging")) as proxy:
-        yield proxy
 
 
 def train(**kw):

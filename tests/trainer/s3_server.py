@@ -13,6 +13,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}</Message>'
               '</Error>')
 
@@ -165,4 +167,13 @@ def s3_environment(staging_dir):
     """The server and proxy, with this process's environment pointing at it (inherited by subprocesses)."""
     with s3_server() as (proxy, env), environment({**env, **FAST_RETRIES,
                                                     "JAXCOMPOSER_STAGING_DIR": str(staging_dir)}):
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The loopback S3 server for a test module (skipped where moto or obstore is not installed)."""
+    pytest.importorskip("moto")
+    pytest.importorskip("obstore")
+    with s3_environment(tmp_path_factory.mktemp("staging")) as proxy:
         yield proxy

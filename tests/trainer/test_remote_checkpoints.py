@@ -16,16 +16,9 @@ from jaxcomposer.trainer.remote_checkpoints import COMMIT, committed_steps, down
 from jaxcomposer.utils.object_store import RemoteFolder
 
 from .helpers import leaves, loaders, mlp_task
-from .s3_server import Fault, environment, s3_environment
+from .s3_server import Fault, environment, s3  # noqa: F401 (s3: the server, a module fixture)
 
-pytest.importorskip("moto")
-pytest.importorskip("obstore")
 pytestmark = pytest.mark.xdist_group("s3_server")
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with s3_environment(tmp_path_factory.mktemp("staging")) as proxy:
-        yield proxy
 
 
 @pytest.fixture
