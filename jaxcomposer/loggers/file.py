@@ -75,6 +75,10 @@ class FileLogger(FlushingDestination):
                              f"'{{run_name}}/logs-rank{{rank}}.txt', got {remote_file_name!r}")
         if not isinstance(filename, str) or not filename:
             raise ValueError(f"FileLogger: filename must be a non-empty format string, got {filename!r}.")
+        if "://" in filename:  # written line by line, so it lives on the local disk; the bucket gets copies
+            raise ValueError(f"FileLogger: filename={filename!r} is a URI; the log is written locally and uploaded "
+                             "by a RemoteUploaderDownloader(bucket_uri=...) among the loggers, under "
+                             "remote_file_name (as in Composer)")
         for name, value, low in (("log_interval", log_interval, 1), ("flush_interval", flush_interval, 1),
                                  ("buffer_size", buffer_size, -1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

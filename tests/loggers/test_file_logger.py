@@ -47,6 +47,9 @@ def test_values_formats_traces_and_remote_file_name(tmp_path):
         "[trace]: algorithm_traces/MixUp/BATCH_START:1"]
     with pytest.raises(ValueError, match="remote_file_name is the log's name in the bucket"):
         FileLogger(remote_file_name="s3://bucket/{run_name}.txt")  # a name in the uploader's bucket, not a URI
+    with pytest.raises(ValueError, match="is a URI; the log is written locally and uploaded by a "
+                                         "RemoteUploaderDownloader"):
+        FileLogger("s3://bucket/{run_name}/log.txt")
     for kwargs in (dict(log_interval=0), dict(flush_interval=0), dict(buffer_size=True)):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             FileLogger(**kwargs)
