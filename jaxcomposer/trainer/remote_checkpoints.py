@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -125,7 +126,7 @@ class RemoteCheckpointStore:
             try:
                 download_step(self.remote, step, self.staging)
                 return step
-            except (CorruptCheckpointError, ObjectStoreError) as e:
+            except CorruptCheckpointError as e:  # (a bucket that cannot be read raises: that is no torn step)
                 warnings.warn(f"autoresume: skipping checkpoint step {step}: {e}", stacklevel=2)
         return None
 
@@ -137,6 +138,8 @@ class RemoteCheckpointStore:
     def staging(self) -> Path:
         if self._staging is None:
             self._staging = _new_staging_dir(self.folder)
+            # also without close(): the staged copy goes when the store does, or when the interpreter exits
+            weakref.finalize(self, shutil.rmtree, self._staging, True)
         return self._staging
 
     # ---- writing ----

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -132,8 +133,10 @@ class Trainer(EvaluationAndPrediction, ReadsPlan):
         self.run_dir_uri = a.run_dir if is_uri(a.run_dir) else None
         self.run_dir = None if a.run_dir is None else Path(a.run_dir).absolute() if self.run_dir_uri is None else \
             Path(tempfile.mkdtemp(prefix=f"{self.run_name}-", dir=staging_root()))
-        if self.run_dir_uri is not None and a.autoresume:  # the run goes on: its files too (metrics.jsonl appends)
-            RemoteFolder(self.run_dir_uri, "run_dir").get_folder(self.run_dir)
+        if self.run_dir_uri is not None:  # (the staged copy goes at close(), or when the interpreter exits)
+            weakref.finalize(self, shutil.rmtree, self.run_dir, True)
+            if a.autoresume:  # the run goes on: its files too (metrics.jsonl appends)
+                RemoteFolder(self.run_dir_uri, "run_dir").get_folder(self.run_dir)
         devices = parallel.devices_for(device, devices)
         self.parallelism = parallel.parse_parallelism(a.parallelism_config, a.fsdp_config, len(devices),
                                                       num_processes=jax.process_count())
