@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-fast data malloc install clean gpu-wheels stubs
+.PHONY: demo test test-fast data malloc install clean gpu-wheels stubs notebooks
 
 # Where the local wheels lie (pip's find-links): the CPU build of torch is taken from there.
 WHEELS := $(or $(PIP_FIND_LINKS),/opt/wheels)
@@ -70,6 +70,10 @@ demo: $(STAMP) data malloc
 WORKERS ?= 2
 test: $(STAMP) data malloc
 	$(RUN) $(VENV)/bin/pytest -n $(WORKERS) --dist loadgroup -q --durations=40
+
+# The notebooks, run in full in a fresh kernel and written back with their outputs (notebooks/execute.py)
+notebooks: $(STAMP) data malloc
+	$(RUN) $(PY) notebooks/execute.py
 
 # After adding a method: the .pyi stubs that list jaxcomposer.algorithms' and jaxcomposer.functional's names for type
 # checkers and IDEs, written from the method registry (tests/test_public_api.py fails while they are stale)

@@ -5,7 +5,7 @@ from jaxcomposer.loggers.in_memory import InMemoryLogger
 from jaxcomposer.loggers.jsonl import JSONLLogger, read_jsonl
 from jaxcomposer.loggers.logger import Logger, LoggerDestination
 from jaxcomposer.loggers.mlflow import MLFlowLogger
-from jaxcomposer.loggers.plot import PlotLogger
+from jaxcomposer.loggers.plot import LivePlotLogger, PlotLogger
 from jaxcomposer.loggers.progress_bar import ProgressBarLogger
 from jaxcomposer.loggers.remote_uploader_downloader import RemoteUploaderDownloader
 from jaxcomposer.loggers.tensorboard import TensorboardLogger
@@ -13,5 +13,6 @@ from jaxcomposer.loggers.wandb import WandBLogger
 
 __all__ = [
     "Logger", "LoggerDestination", "ConsoleLogger", "FileLogger", "InMemoryLogger", "JSONLLogger", "read_jsonl",
-    "PlotLogger", "ProgressBarLogger", "RemoteUploaderDownloader", "TensorboardLogger", "MLFlowLogger", "WandBLogger",
+    "LivePlotLogger", "PlotLogger", "ProgressBarLogger", "RemoteUploaderDownloader", "TensorboardLogger",
+    "MLFlowLogger", "WandBLogger",
 ]

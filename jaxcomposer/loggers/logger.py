@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import sys
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -113,6 +114,15 @@ class Logger:
         compiled step, so nothing in the library emits traces; the call exists for user code that does."""
         for d in self.destinations:
             d.log_traces(traces)
+
+
+def in_jupyter_kernel() -> bool:
+    """Whether this process is a running Jupyter kernel (not merely one that imported ipykernel)."""
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def is_ready(value: Any) -> bool:

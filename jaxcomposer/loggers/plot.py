@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from jaxcomposer.loggers.jsonl import read_jsonl
-from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics
+from jaxcomposer.loggers.logger import LoggerDestination, PendingMetrics, in_jupyter_kernel
 from jaxcomposer.utils.extras import optional_import
 
-__all__ = ["PlotLogger"]
+__all__ = ["PlotLogger", "LivePlotLogger"]
 
 DEFAULT_FILENAME = "metrics.png"
 LOSS_KEY = "loss/train/total"
@@ -71,7 +71,16 @@ class PlotLogger(LoggerDestination):
 
     def save(self, title: str = "") -> Path:
         """Draw and write the PNG now; returns its path."""
-        figure = optional_import("matplotlib.figure", needed_by="PlotLogger", package="matplotlib", extra="plots")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_bytes(self.render_png(title))
+        return self.path
+
+    def render_png(self, title: str = "") -> bytes:
+        """The plot of the series so far, as PNG bytes."""
+        import io
+
+        figure = optional_import("matplotlib.figure", needed_by=type(self).__name__, package="matplotlib",
+                                 extra="plots")
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         fig = figure.Figure(figsize=(11, 4.2), dpi=self.dpi)
@@ -98,6 +107,42 @@ class PlotLogger(LoggerDestination):
                 ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         fig.suptitle(title or "run")
         fig.tight_layout()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(self.path, format="png")
-        return self.path
+        out = io.BytesIO()
+        fig.savefig(out, format="png")
+        return out.getvalue()
+
+
+class LivePlotLogger(PlotLogger):
+    """The same plot, shown in a Jupyter notebook and redrawn in place at each evaluation's end and at the end of
+    ``fit`` (one output, updated; a saved notebook keeps the last figure). With ``path`` the final PNG is written
+    there too, as ``PlotLogger`` does; ``renders`` counts the redraws. Outside a Jupyter kernel it only writes the
+    file."""
+
+    def __init__(self, path: str | os.PathLike | None = None, loss_key: str = LOSS_KEY, dpi: int = 72,
+                 history: str | os.PathLike | None = None):
+        super().__init__(path if path is not None else DEFAULT_FILENAME, loss_key=loss_key, dpi=dpi,
+                         history=history)
+        self.writes_file = path is not None
+        self.renders = 0
+        self._handle = None
+
+    def _redraw(self, title: str) -> None:
+        if not in_jupyter_kernel():  # nowhere to show it: the file (with a path) is written at the end
+            return
+        from IPython.display import Image, display
+        image = Image(data=self.render_png(title), format="png")
+        if self._handle is None:
+            self._handle = display(image, display_id=True)
+        else:
+            self._handle.update(image)
+        self.renders += 1
+
+    def eval_end(self, state, logger) -> None:
+        self._absorb(self._pending.pop(force=True))  # (the host waited for the device at the evaluation anyway)
+        self._redraw(state.run_name)
+
+    def fit_end(self, state, logger) -> None:
+        self._absorb(self._pending.pop(force=True))
+        self._redraw(state.run_name)
+        if self.writes_file:
+            self.save(title=state.run_name)

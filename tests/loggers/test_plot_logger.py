@@ -48,3 +48,16 @@ def test_a_resumed_run_plots_its_earlier_part_from_the_jsonl(tmp_path):
     fake_fit([plot], state, [1.0, 0.9], eval_every=None)
     assert [b for b, _ in plot.series["loss/train/total"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert plot.series["loss/train/total"][-2:] == [(7, 1.0), (8, 0.9)]  # the resumed batches, not the killed run's
+
+
+def test_live_plot_outside_a_kernel_writes_only_its_file(tmp_path):
+    """(In a kernel it redraws in place: tests/notebooks/test_live_view.py.)"""
+    from jaxcomposer.loggers import LivePlotLogger
+
+    live, silent = LivePlotLogger(tmp_path / "live.png"), LivePlotLogger()
+    losses = [2.0 * math.exp(-0.1 * i) for i in range(10)]
+    fake_fit([live, silent], make_state(), losses, eval_fn=accuracy_eval([0.3, 0.5]), clock=FakeClock(),
+             batch_time=0.25)
+    assert (tmp_path / "live.png").read_bytes()[:8] == PNG_MAGIC and live.renders == silent.renders == 0
+    assert live.series["metrics/eval/accuracy"] == [(5, 0.3), (10, 0.5)]
+    assert not silent.writes_file and not silent.path.exists()  # without a path, no file

@@ -31,3 +31,32 @@ def test_notebook_executes(notebook, tmp_path):
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
     assert all(o.get("output_type") != "error" for c in nb.cells for o in c.get("outputs", []))
+
+
+def _execute_module():
+    import importlib.util
+    path = Path(__file__).parents[2] / "notebooks" / "execute.py"
+    spec = importlib.util.spec_from_file_location("notebook_execute", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_outputs_come_from_the_committed_code(notebook):
+    """``make notebooks`` stored the hash of the code it ran; code changed since fails here until it runs again.
+    The outputs are there (a plot where the code draws one), error-free and free of this machine's paths."""
+    stored = json.loads(notebook.read_text())
+    meta = stored["metadata"].get("jaxcomposer", {})
+    assert meta.get("code_sha256") == _execute_module().code_sha256(stored["cells"]), \
+        f"{notebook.name}: its outputs were not produced by its code; run: make notebooks"
+    code = [c for c in stored["cells"] if c["cell_type"] == "code"]
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert outputs and all(o["output_type"] != "error" for o in outputs)
+    source = "".join("".join(c["source"]) for c in code)
+    if "plt.show()" in source or "LivePlotLogger(" in source:
+        assert any("image/png" in o.get("data", {}) for o in outputs)
+    text = json.dumps([{k: v for k, v in o.items() if k != "data"} for o in outputs] +
+                      [o.get("data", {}).get("text/plain", "") for o in outputs])
+    for path in ("/tmp/", str(Path(__file__).parents[2]), str(Path.home()) + "/"):
+        assert path not in text, f"{notebook.name}: an output names {path}"
