@@ -23,8 +23,11 @@ class CheckpointSaver(Callback):
 
     ``save_interval``: ``'Nep'``, ``'Nba'``, an int of epochs, or Composer's ``(state, event) -> bool`` asked at each
     batch and epoch end; the end of training is always saved, as the Trainer's. ``folder`` may name ``{run_name}``.
-    Remote names (object stores) are refused: local folders only for now. ``ignore_keys`` (Composer's: keys left
-    out of the saved state) is refused; save everything and use ``load_ignore_keys`` when loading.
+    ``folder`` may be an object store (``s3://bucket/prefix``, ``gs://...``): the Trainer's remote store, with
+    the same guarantees as its ``save_folder``. Composer's ``remote_file_name`` (an upload of each checkpoint file
+    through a ``RemoteUploaderDownloader``) is refused in favour of that: a checkpoint here is a folder, committed
+    in the bucket only when complete. ``ignore_keys`` (Composer's: keys left out of the saved state) is refused;
+    save everything and use ``load_ignore_keys`` when loading.
     """
 
     # it saves state.train_state at a batch's end, which must be that batch's: the Trainer refuses it with
@@ -42,8 +45,9 @@ class CheckpointSaver(Callback):
                                                                      latest_remote_file_name),
                             ("ignore_keys", ignore_keys)):
             if value is not None:
-                raise ValueError(f"CheckpointSaver: {name}={value!r} is not supported (checkpoints go to a local "
-                                 f"folder; ignore keys when loading, with load_ignore_keys); pass {name}=None")
+                raise ValueError(f"CheckpointSaver: {name}={value!r} is not supported (for a bucket, give folder="
+                                 f"'s3://bucket/prefix'; ignore keys when loading, with load_ignore_keys); pass "
+                                 f"{name}=None")
         self.folder, self.filename, self.latest_filename = str(folder), filename, latest_filename
         self.interval: Callable | Any = save_interval if callable(save_interval) else \
             options.parse_interval(save_interval, "CheckpointSaver(save_interval)")
@@ -57,9 +61,9 @@ class CheckpointSaver(Callback):
 
         folder = self.folder.replace("{run_name}", state.run_name)
         try:
-            self.store = checkpoint.CheckpointStore(folder, keep=self.keep, overwrite=self.overwrite,
-                                                    weights_only=self.weights_only, filename=self.filename,
-                                                    latest_filename=self.latest_filename, run_name=state.run_name)
+            self.store = checkpoint.open_store(folder, keep=self.keep, overwrite=self.overwrite,
+                                               weights_only=self.weights_only, filename=self.filename,
+                                               latest_filename=self.latest_filename, run_name=state.run_name)
         except checkpoint.CheckpointError as e:
             raise ConfigurationError(f"CheckpointSaver: {e}") from e
         if self.store.latest_step() is not None and not self.overwrite:

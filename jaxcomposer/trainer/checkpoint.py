@@ -476,6 +476,16 @@ class CheckpointStore:
             self._manager = None
 
 
+def open_store(folder: str | Path, **kwargs: Any):
+    """The store of checkpoints in ``folder``: a local :class:`CheckpointStore`, or for an object-store URI
+    (``s3://``, ``gs://``) a ``RemoteCheckpointStore`` (staged here, uploaded in the background, the same
+    guarantees); ``kwargs`` are theirs (``keep``, ``overwrite``, ``weights_only``, the name patterns, ``run_name``)."""
+    if is_uri(str(folder)):
+        from jaxcomposer.trainer.remote_checkpoints import RemoteCheckpointStore
+        return RemoteCheckpointStore(str(folder), **kwargs)
+    return CheckpointStore(folder, **kwargs)
+
+
 def store_for_run(a: Any, run_name: str) -> tuple[CheckpointStore | None, int | None]:
     """The run's CheckpointStore (or None) and the step autoresume continues from (or None), from the Trainer's
     validated arguments ``a``; ``run_name`` is the run's name, given (``a.run_name``) or made."""
@@ -495,16 +505,9 @@ def store_for_run(a: Any, run_name: str) -> tuple[CheckpointStore | None, int | 
         return None, None
     try:
         # Composer's save_folder may name the run: '{run_name}/checkpoints'
-        folder = str(a.save_folder).replace("{run_name}", run_name)
-        if is_uri(folder):  # an object store: staged here, uploaded in the background
-            from jaxcomposer.trainer.remote_checkpoints import RemoteCheckpointStore
-            store = RemoteCheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
-                                          weights_only=a.save_weights_only, filename=a.save_filename,
-                                          latest_filename=a.save_latest_filename, run_name=run_name)
-        else:
-                store = CheckpointStore(folder, keep=a.save_num_checkpoints_to_keep, overwrite=a.save_overwrite,
-                                    weights_only=a.save_weights_only, filename=a.save_filename,
-                                    latest_filename=a.save_latest_filename, run_name=run_name)
+        store = open_store(str(a.save_folder).replace("{run_name}", run_name), keep=a.save_num_checkpoints_to_keep,
+                           overwrite=a.save_overwrite, weights_only=a.save_weights_only, filename=a.save_filename,
+                           latest_filename=a.save_latest_filename, run_name=run_name)
         latest = store.latest_step()  # (an object store is asked now: a missing bucket fails here, not later)
     except CheckpointError as e:
         raise ConfigurationError(str(e)) from e

@@ -194,3 +194,20 @@ def test_sigterm_waits_for_the_upload_of_the_step_it_saves(proxy):
         run(folder, "6ba", save_interval="2ba", callbacks=[Preempt()])
     assert committed_steps(RemoteFolder(folder)) == [2, 3]
     assert json.loads(RemoteFolder(folder).get_bytes("latest-rank0.pt")) == {"step": 3}
+
+
+def test_checkpoint_saver_takes_a_bucket_folder(proxy):
+    """Composer's CheckpointSaver callback with ``folder='s3://...'``: the same committed steps and names."""
+    from jaxcomposer.callbacks import CheckpointSaver
+
+    train_loader, _ = loaders(n_train=256)
+    trainer = Trainer(model=mlp_task(), train_dataloader=train_loader, max_duration="4ba", seed=0,
+                      progress_bar=False, run_name="saver",
+                      callbacks=[CheckpointSaver(folder="s3://ckpt/{run_name}/checkpoints", save_interval="2ba")])
+    trainer.fit()
+    trainer.close()
+    remote = RemoteFolder("s3://ckpt/saver/checkpoints")
+    assert committed_steps(remote) == [2, 4]
+    assert json.loads(remote.get_bytes("latest-rank0.pt")) == {"step": 4}
+    with pytest.raises(ValueError, match="for a bucket, give folder='s3://bucket/prefix'"):
+        CheckpointSaver(remote_file_name="{run_name}/ep{epoch}.pt")
