@@ -13,6 +13,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # Porting a Composer script: change the imports
@@ -25,6 +26,9 @@
 
 # %%
 import difflib
+import os
+
+SMOKE = os.environ.get("JAXCOMPOSER_SMOKE") == "1"
 
 COMPOSER_SCRIPT = '''
 import torch
@@ -61,6 +65,7 @@ trainer = Trainer(
 trainer.fit()
 '''
 OURS = COMPOSER_SCRIPT.replace("from composer", "from jaxcomposer")
+RUN = OURS.replace('max_duration="12ep"', 'max_duration="1ep"') if SMOKE else OURS  # (the tests' quick run)
 print("".join(difflib.unified_diff(COMPOSER_SCRIPT.splitlines(True), OURS.splitlines(True), "composer",
                                    "jaxcomposer", n=0)))
 
@@ -69,7 +74,7 @@ print("".join(difflib.unified_diff(COMPOSER_SCRIPT.splitlines(True), OURS.splitl
 
 # %%
 namespace = {}
-exec(OURS, namespace)
+exec(RUN, namespace)
 trainer, logger, model = namespace["trainer"], namespace["logger"], namespace["model"]
 print("timestamp:", trainer.state.timestamp.epoch, "epochs,", trainer.state.timestamp.batch, "batches")
 print("eval:", {k: round(float(v.compute()), 4) for k, v in trainer.state.eval_metrics["eval"].items()})
